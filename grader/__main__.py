@@ -1,0 +1,7 @@
+"""`python -m grader …`: the instructor command line."""
+
+import sys
+
+from grader.cli import main
+
+sys.exit(main())

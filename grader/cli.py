@@ -1,0 +1,68 @@
+"""The instructor command line: release, check, autograde."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+
+def _release(args: argparse.Namespace) -> int:
+    from grader.release import release
+
+    for name in release():
+        print(f"released notebooks/{name}/")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from grader.release import check
+
+    problems = check()
+    for problem in problems:
+        print(f"✗ {problem}")
+    print("✓ notebooks/ is current, stripped and leak-free; nbgrader metadata and mutants are consistent"
+          if not problems else f"{len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+def _autograde(args: argparse.Namespace) -> int:
+    from grader.autograde import autograde
+
+    if not args.submissions.exists():
+        print(f"no such folder or zip: {args.submissions}", file=sys.stderr)
+        return 2
+    results = autograde(args.submissions, args.out, jobs=args.jobs, timeout=args.timeout,
+                        only=args.assignment, force=args.force)
+    flagged = [r for r in results if r.status]
+    print(f"graded {len(results)} submission(s) into {args.out / 'grades.csv'}; "
+          f"feedback in {args.out / 'feedback'}; {len(flagged)} with a status note")
+    for r in flagged:
+        print(f"  {r.student}/{r.assignment}: {'; '.join(r.status)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m grader", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("release", help="regenerate notebooks/ from solutions/").set_defaults(run=_release)
+    commands.add_parser("check", help="fail when notebooks/ is stale, leaks, carries outputs, or metadata is wrong"
+                        ).set_defaults(run=_check)
+    grade = commands.add_parser("autograde", help="grade a class: a folder <student>/<assignment>/<notebook>.ipynb or an LMS zip")
+    grade.add_argument("submissions", type=Path)
+    grade.add_argument("--out", type=Path, required=True, help="writes grades.csv and feedback/ here")
+    grade.add_argument("--jobs", type=int, default=os.cpu_count(), help="submissions graded at once (default: all cores)")
+    grade.add_argument("--timeout", type=int, default=30, help="seconds per cell (default 30)")
+    grade.add_argument("--assignment", help="grade only this assignment")
+    grade.add_argument("--force", action="store_true", help="grade again even what an earlier run already graded")
+    grade.set_defaults(run=_autograde)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from grader.course import put_interpreter_on_path
+
+    put_interpreter_on_path()
+    args = build_parser().parse_args(argv)
+    return args.run(args)

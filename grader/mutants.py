@@ -1,0 +1,125 @@
+"""Reference, blank and mutant submissions built from the released notebook (the grader's self-test data).
+
+Mutants are realistic wrong answers kept as data in grader/mutants/<assignment>.toml:
+
+    [[mutant]]
+    name = "mse_grad_sign_flipped"          # unique, used as the student id in self-tests
+    exercise = "mse_grad"                   # the test cell (grade id) this mistake is about
+    cell = "mse_grad_answer"                # the answer cell it replaces
+    breaks = ["mse_grad", "gradient_descent"]   # every test cell that must lose its points
+    why = "residual written as y - Xw"
+    source = '''...'''                      # the wrong answer, as a student would write it
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+from grader.course import Assignment, assignments
+
+MUTANTS = Path(__file__).resolve().parent / "mutants"
+MARKER = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*\n", re.M)
+MIN_MUTANTS_PER_EXERCISE = 3
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One realistic wrong answer and the test cells it must fail."""
+
+    name: str
+    exercise: str
+    cell: str
+    breaks: tuple[str, ...]
+    why: str
+    source: str
+
+
+def load_mutants(assignment: Assignment) -> list[Mutant]:
+    """The mutants of an assignment (none when it has no mutants file)."""
+    path = MUTANTS / f"{assignment.name}.toml"
+    if not path.exists():
+        return []
+    entries = tomllib.loads(path.read_text(encoding="utf-8")).get("mutant", [])
+    return [Mutant(e["name"], e["exercise"], e["cell"], tuple(e["breaks"]), e["why"], e["source"]) for e in entries]
+
+
+def _grade_info(nb: nbformat.NotebookNode) -> dict[str, dict]:
+    return {c.metadata["nbgrader"]["grade_id"]: c.metadata["nbgrader"] for c in nb.cells if "nbgrader" in c.metadata}
+
+
+def reference_answers(assignment: Assignment) -> dict[str, str]:
+    """Answer cell grade_id → the reference solution's source, without the BEGIN/END markers."""
+    nb = nbformat.read(assignment.source, as_version=4)
+    return {
+        c.metadata.nbgrader["grade_id"]: MARKER.sub("", c.source)
+        for c in nb.cells
+        if c.metadata.get("nbgrader", {}).get("solution")
+    }
+
+
+def build_submission(assignment: Assignment, answers: dict[str, str]) -> nbformat.NotebookNode:
+    """The released notebook with the given answer cells filled in, as a student would hand it in."""
+    nb = nbformat.read(assignment.release, as_version=4)
+    for cell in nb.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id in answers:
+            cell.source = answers[grade_id]
+    return nb
+
+
+def reference_submission(assignment: Assignment) -> nbformat.NotebookNode:
+    """Every answer cell filled with the reference solution."""
+    return build_submission(assignment, reference_answers(assignment))
+
+
+def blank_submission(assignment: Assignment) -> nbformat.NotebookNode:
+    """The released notebook untouched: every answer still raises NotImplementedError."""
+    return copy.deepcopy(nbformat.read(assignment.release, as_version=4))
+
+
+def mutant_submission(assignment: Assignment, group: list[Mutant]) -> nbformat.NotebookNode:
+    """The reference with each mutant of `group` replacing its answer cell."""
+    answers = reference_answers(assignment)
+    answers.update({m.cell: m.source for m in group})
+    return build_submission(assignment, answers)
+
+
+def pack_mutants(mutants: list[Mutant]) -> list[list[Mutant]]:
+    """Group mutants into few submissions, never two that touch the same cell or break the same test."""
+    groups: list[list[Mutant]] = []
+    for mutant in mutants:
+        for group in groups:
+            if all(m.cell != mutant.cell and not set(m.breaks) & set(mutant.breaks) for m in group):
+                group.append(mutant)
+                break
+        else:
+            groups.append([mutant])
+    return groups
+
+
+def mutant_problems() -> list[str]:
+    """Mutants that name unknown cells, and graded exercises with fewer than three mutants."""
+    problems = []
+    for assignment in assignments():
+        info = _grade_info(nbformat.read(assignment.source, as_version=4))
+        tests = {gid for gid, meta in info.items() if meta.get("grade")}
+        answers = {gid for gid, meta in info.items() if meta.get("solution")}
+        mutants = load_mutants(assignment)
+        names = [m.name for m in mutants]
+        problems += [f"{assignment.name}: mutant name {n!r} is used twice" for n in set(names) if names.count(n) > 1]
+        for m in mutants:
+            if m.cell not in answers:
+                problems.append(f"{assignment.name}: mutant {m.name} replaces unknown answer cell {m.cell!r}")
+            if m.exercise not in m.breaks or not set(m.breaks) <= tests:
+                problems.append(f"{assignment.name}: mutant {m.name} breaks {m.breaks}, which must be test cells including {m.exercise!r}")
+        for test in sorted(tests):
+            count = sum(m.exercise == test for m in mutants)
+            if count < MIN_MUTANTS_PER_EXERCISE:
+                problems.append(f"{assignment.name}: exercise {test} has {count} mutants, needs {MIN_MUTANTS_PER_EXERCISE}")
+    return problems

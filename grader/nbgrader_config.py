@@ -1,0 +1,22 @@
+# nbgrader configuration for the course. `python -m grader` loads this file and points the
+# directories at temporary folders where it needs to; plain nbgrader commands can use it too:
+#   nbgrader generate_assignment 01_gradient_descent --config grader/nbgrader_config.py
+from pathlib import Path
+
+c = get_config()  # noqa: F821 — provided by traitlets when the file is loaded
+
+c.CourseDirectory.root = str(Path(__file__).resolve().parent.parent)
+c.CourseDirectory.source_directory = "solutions"
+c.CourseDirectory.release_directory = "notebooks"
+
+# Student code runs at most this long per cell at autograde; `python -m grader autograde --timeout` overrides.
+c.Execute.timeout = 30
+# A deleted test cell is put back from the source, so deleting it cannot dodge its points.
+c.OverwriteCells.add_missing_cells = True
+# Feedback shows the student their answers and the visible checks, never the hidden tests.
+c.GenerateFeedback.preprocessors = [
+    "nbgrader.preprocessors.GetGrades",
+    "nbgrader.preprocessors.ClearHiddenTests",
+    "grader.preprocessors.RedactTestOutputs",
+    "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
+]

@@ -1,0 +1,163 @@
+"""`release`: generate notebooks/ from solutions/ with nbgrader; `check`: prove notebooks/ is right."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import nbformat
+from nbgrader.apps import NbGraderAPI
+from nbgrader.coursedir import CourseDirectory
+
+from grader.course import NOTEBOOKS, REPO, SOLUTIONS, Assignment, assignments, load_config
+
+SOLUTION_BLOCK = re.compile(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", re.S)
+HIDDEN_BLOCK = re.compile(r"### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS", re.S)
+
+
+def normalize(path: Path) -> None:
+    """Rewrite a notebook deterministically: no outputs, no execution counts, nbformat's layout."""
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+        cell.metadata.pop("execution", None)
+    nbformat.write(nb, path)
+
+
+def generate(into: Path, only: list[Assignment] | None = None) -> Path:
+    """Run nbgrader generate_assignment for each assignment into `into/release`; returns `into` (for grading too)."""
+    into.mkdir(parents=True, exist_ok=True)
+    config = load_config(release_directory=str(into / "release"))
+    config.CourseDirectory.db_url = f"sqlite:///{into / 'gradebook.db'}"
+    api = NbGraderAPI(CourseDirectory(config=config), config=config)
+    for assignment in only or assignments():
+        result = api.generate_assignment(assignment.name, force=True, create=True)
+        if not result["success"]:
+            raise RuntimeError(f"nbgrader could not generate {assignment.name}:\n{result['log']}\n{result.get('error', '')}")
+        for nb in (into / "release" / assignment.name).rglob("*.ipynb"):
+            normalize(nb)
+    return into
+
+
+def release() -> list[str]:
+    """Regenerate notebooks/ from solutions/; returns the assignments written."""
+    with tempfile.TemporaryDirectory() as tmp:
+        generated = generate(Path(tmp)) / "release"
+        if NOTEBOOKS.exists():
+            shutil.rmtree(NOTEBOOKS)
+        shutil.copytree(generated, NOTEBOOKS)
+    return [a.name for a in assignments()]
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and ".ipynb_checkpoints" not in p.parts and "__pycache__" not in p.parts
+    }
+
+
+def stale_problems() -> list[str]:
+    """Differences between notebooks/ and a fresh generation from solutions/."""
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh = _files(generate(Path(tmp)) / "release")
+    committed = _files(NOTEBOOKS) if NOTEBOOKS.exists() else {}
+    problems = [f"notebooks/{name} is missing: run `python -m grader release`" for name in fresh.keys() - committed.keys()]
+    problems += [f"notebooks/{name} has no source in solutions/" for name in committed.keys() - fresh.keys()]
+    problems += [
+        f"notebooks/{name} is stale against solutions/: run `python -m grader release`"
+        for name in fresh.keys() & committed.keys()
+        if fresh[name] != committed[name]
+    ]
+    return sorted(problems)
+
+
+def _secret_lines(source_nb: nbformat.NotebookNode) -> set[str]:
+    """Lines of solutions and hidden tests that never occur elsewhere in the source notebook."""
+    secret, public = set(), set()
+    for cell in source_nb.cells:
+        text = cell.source + "\n"
+        hidden = "".join(m.group(1) for m in SOLUTION_BLOCK.finditer(text)) + "".join(
+            m.group(1) for m in HIDDEN_BLOCK.finditer(text))
+        secret.update(line.strip() for line in hidden.splitlines())
+        rest = HIDDEN_BLOCK.sub("", SOLUTION_BLOCK.sub("", text))
+        public.update(line.strip() for line in rest.splitlines())
+    return {line for line in secret - public if len(line) >= 8 and not line.startswith("#")}
+
+
+def leak_problems(release_root: Path = NOTEBOOKS) -> list[str]:
+    """Solution or hidden-test lines that reached a released notebook."""
+    problems = []
+    for assignment in assignments():
+        released = release_root / assignment.name / assignment.notebook
+        if not released.exists():
+            continue
+        text = "\n".join(c.source for c in nbformat.read(released, as_version=4).cells)
+        lines = {line.strip() for line in text.splitlines()}
+        for line in sorted(_secret_lines(nbformat.read(assignment.source, as_version=4)) & lines):
+            problems.append(f"{released.relative_to(REPO)} contains solution/hidden-test text: {line!r}")
+        if "BEGIN HIDDEN TESTS" in text or "BEGIN SOLUTION" in text:
+            problems.append(f"{released.relative_to(REPO)} contains a BEGIN SOLUTION/HIDDEN TESTS marker")
+    return problems
+
+
+def output_problems() -> list[str]:
+    """Committed notebooks (solutions/ or notebooks/) that carry outputs or execution counts."""
+    problems = []
+    for root in (SOLUTIONS, NOTEBOOKS):
+        for path in sorted(root.rglob("*.ipynb")) if root.exists() else []:
+            if ".ipynb_checkpoints" in path.parts:
+                continue
+            nb = nbformat.read(path, as_version=4)
+            if any(c.get("outputs") or c.get("execution_count") for c in nb.cells if c.cell_type == "code"):
+                problems.append(f"{path.relative_to(REPO)} carries outputs: clear them before committing")
+    return problems
+
+
+def metadata_problems() -> list[str]:
+    """nbgrader metadata that would make grading wrong, per the course's cell conventions."""
+    problems = []
+    for assignment in assignments():
+        name = assignment.source.relative_to(REPO)
+        nb = nbformat.read(assignment.source, as_version=4)
+        ids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells]
+        for grade_id, count in Counter(i for i in ids if i).items():
+            if count > 1:
+                problems.append(f"{name}: grade_id {grade_id!r} is used {count} times")
+        for index, cell in enumerate(nb.cells):
+            info = cell.metadata.get("nbgrader")
+            where = f"{name} cell {index}"
+            if cell.cell_type != "code":
+                continue
+            if not info:
+                problems.append(f"{where}: code cell without nbgrader metadata (make it read-only, an answer or a test)")
+                continue
+            gid = info.get("grade_id", "?")
+            if info.get("grade"):
+                points = info.get("points")
+                if not isinstance(points, (int, float)) or points <= 0:
+                    problems.append(f"{where} ({gid}): test cell without positive points")
+                if not info.get("locked"):
+                    problems.append(f"{where} ({gid}): test cell is not locked")
+                if info.get("solution"):
+                    problems.append(f"{where} ({gid}): a test cell must not also be an answer cell")
+            elif info.get("solution"):
+                if "### BEGIN SOLUTION" not in cell.source:
+                    problems.append(f"{where} ({gid}): answer cell without ### BEGIN SOLUTION")
+            elif not info.get("locked"):
+                problems.append(f"{where} ({gid}): code cell is neither answer, test nor read-only")
+            if "BEGIN HIDDEN TESTS" in cell.source and not info.get("grade"):
+                problems.append(f"{where} ({gid}): hidden tests outside a test cell")
+    return problems
+
+
+def check() -> list[str]:
+    """Every problem `python -m grader check` reports; empty when the course is consistent."""
+    from grader.mutants import mutant_problems  # mutants name grade ids; checked with the notebooks
+
+    return metadata_problems() + output_problems() + leak_problems() + stale_problems() + mutant_problems()

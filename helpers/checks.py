@@ -1,0 +1,138 @@
+"""Checks that exercise tests call: each failure says what is wrong in words a student can act on.
+
+Introduced in notebook 01. A check raises `CheckFailure` (an AssertionError) whose message names
+the function, what was expected, what came back, and — where the mismatch has a recognisable
+shape (sign flipped, constant factor, wrong shape) — what to look at.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+
+import torch
+
+
+class CheckFailure(AssertionError):
+    """A failed exercise check; the message is the feedback the student reads (notebook 01)."""
+
+
+def fail(message: str) -> None:
+    """Raise a CheckFailure with a teaching message (notebook 01)."""
+    raise CheckFailure(message)
+
+
+def check(condition: bool, message: str) -> None:
+    """Fail with `message` unless `condition` holds (notebook 01)."""
+    if not condition:
+        fail(message)
+
+
+def constant_factor(actual: torch.Tensor, expected: torch.Tensor) -> float | None:
+    """The k with actual ≈ k·expected when one exists (k ≠ 1), else None (notebook 01)."""
+    a = actual.detach().double().flatten()
+    e = expected.detach().double().flatten()
+    e_norm = float(e.norm())
+    if e_norm == 0.0 or not bool(torch.isfinite(a).all()):
+        return None
+    k = float(a @ e) / e_norm**2
+    residual = float((a - k * e).norm())
+    if residual > 1e-3 * max(float(a.norm()), e_norm) or math.isclose(k, 1.0, rel_tol=1e-3):
+        return None
+    return k
+
+
+def _factor_advice(k: float, factor_hints: Mapping[float, str] | None) -> str:
+    for factor, hint in (factor_hints or {}).items():
+        if math.isclose(k, factor, rel_tol=1e-2):
+            return f" — {hint}"
+    if math.isclose(k, -1.0, rel_tol=1e-2):
+        return " — the sign is flipped"
+    return ""
+
+
+def describe_mismatch(
+    actual: torch.Tensor, expected: torch.Tensor, factor_hints: Mapping[float, str] | None = None
+) -> str:
+    """One sentence on how `actual` differs from `expected` (notebook 01)."""
+    k = constant_factor(actual, expected)
+    if k is not None:
+        return f"off by a factor of {k:.4g}{_factor_advice(k, factor_hints)}"
+    diff = (actual.detach().double() - expected.detach().double()).abs()
+    worst = int(diff.flatten().argmax())
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), diff.shape)) if diff.dim() else ()
+    where = f" at index {list(index)}" if index else ""
+    return (
+        f"largest difference {float(diff.flatten()[worst]):.4g}{where}: "
+        f"expected {float(expected.detach().flatten()[worst]):.6g}, "
+        f"got {float(actual.detach().flatten()[worst]):.6g}"
+    )
+
+
+def check_tensor(
+    actual: object,
+    expected: torch.Tensor,
+    *,
+    name: str,
+    rtol: float = 1e-4,
+    atol: float = 1e-6,
+    hint: str = "",
+    factor_hints: Mapping[float, str] | None = None,
+) -> None:
+    """Check a returned tensor's type, shape, finiteness and values against an oracle (notebook 01)."""
+    suffix = f" Hint: {hint}" if hint else ""
+    if not isinstance(actual, torch.Tensor):
+        fail(f"{name} should return a torch.Tensor, got {type(actual).__name__}.{suffix}")
+    assert isinstance(actual, torch.Tensor)
+    if actual.shape != expected.shape:
+        fail(f"{name} returned shape {list(actual.shape)}, expected {list(expected.shape)}.{suffix}")
+    if expected.is_floating_point() and not bool(torch.isfinite(actual).all()):
+        fail(f"{name} returned inf or NaN values.{suffix}")
+    if torch.allclose(actual.detach().double().cpu(), expected.detach().double().cpu(), rtol=rtol, atol=atol):
+        return
+    detail = describe_mismatch(actual.cpu(), expected.cpu(), factor_hints)
+    fail(f"{name} is wrong: {detail}.{suffix}")
+
+
+def check_scalar(
+    actual: object,
+    expected: float,
+    *,
+    name: str,
+    rtol: float = 1e-4,
+    atol: float = 1e-8,
+    hint: str = "",
+    factor_hints: Mapping[float, str] | None = None,
+) -> None:
+    """Check a returned number against an oracle; accepts floats and 0-d tensors (notebook 01)."""
+    suffix = f" Hint: {hint}" if hint else ""
+    if isinstance(actual, torch.Tensor):
+        if actual.numel() != 1:
+            fail(f"{name} should be a single number, got a tensor of shape {list(actual.shape)}.{suffix}")
+        actual = actual.item()
+    if isinstance(actual, bool) or not isinstance(actual, (int, float)):
+        fail(f"{name} should be a number, got {type(actual).__name__}.{suffix}")
+    value = float(actual)  # type: ignore[arg-type]
+    if math.isclose(value, expected, rel_tol=rtol, abs_tol=atol):
+        return
+    advice = ""
+    if expected != 0.0 and math.isfinite(value):
+        k = value / expected
+        advice = f" (off by a factor of {k:.4g}{_factor_advice(k, factor_hints)})"
+    fail(f"{name}: expected {expected:.6g}, got {value:.6g}{advice}.{suffix}")
+
+
+def check_unchanged(before: torch.Tensor, after: torch.Tensor, *, name: str, argument: str) -> None:
+    """Fail when a function modified an input it should have left alone (notebook 01)."""
+    check(
+        torch.equal(before, after),
+        f"{name} changed its argument {argument} in place; work on a copy ({argument}.clone()) instead.",
+    )
+
+
+def autograd_grad(f: Callable[[torch.Tensor], torch.Tensor], w: torch.Tensor) -> torch.Tensor:
+    """Gradient of the scalar `f(w)` by autograd: the oracle hand-written gradients are checked against (notebook 01)."""
+    w = w.detach().clone().requires_grad_(True)
+    with torch.enable_grad():
+        (grad,) = torch.autograd.grad(f(w), w)
+    return grad

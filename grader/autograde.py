@@ -6,10 +6,12 @@ import csv
 import hashlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict
 from pathlib import Path
@@ -38,34 +40,60 @@ def _fingerprint(sub: Submission, assignment: Assignment | None, timeout: int) -
     return digest.hexdigest()
 
 
-def _stop(process: subprocess.Popen) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.wait()
+class WorkerProcess:
+    """One long-lived `python -m grader.worker`, restarted whenever it dies or overruns."""
 
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.env, self.log = env, log
+        self.process: subprocess.Popen | None = None
 
-def _run_worker(spec: Spec, wall_s: float, env: dict[str, str]) -> Result:
-    """Run one worker process; whatever happens to it, return a Result."""
-    spec_path = Path(spec.result).with_suffix(".spec.json")
-    spec_path.parent.mkdir(parents=True, exist_ok=True)
-    spec_path.write_text(json.dumps(asdict(spec)))
-    Path(spec.result).unlink(missing_ok=True)
-    # A session of its own, so a stuck worker is stopped with everything it started.
-    process = subprocess.Popen([sys.executable, "-m", "grader.worker", str(spec_path)], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        _, stderr = process.communicate(timeout=wall_s)
-    except subprocess.TimeoutExpired:
-        _stop(process)
-        stderr, note = b"", f"grading stopped after {wall_s:.0f} s"
-    else:
-        note = "" if process.returncode == 0 else f"grader crashed (exit {process.returncode})"
-    if not note and Path(spec.result).exists():
-        return Result(**json.loads(Path(spec.result).read_text()))
-    tail = stderr.decode(errors="replace").strip().splitlines()[-1:] if stderr else []
-    return Result(spec.student, spec.assignment, {}, {}, [note + (f": {tail[0][:200]}" if tail else "")])
+    def _start(self) -> subprocess.Popen:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        # A session of its own, so a stuck worker is stopped with everything it started.
+        return subprocess.Popen([sys.executable, "-m", "grader.worker"], env=self.env, text=True,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=open(self.log, "a"), start_new_session=True)
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+        self.process = None
+
+    def close(self) -> None:
+        if self.process is not None and self.process.stdin:
+            self.process.stdin.close()
+            try:
+                self.process.wait(timeout=10)
+                self.process = None
+            except subprocess.TimeoutExpired:
+                self.stop()
+
+    def grade(self, spec: Spec, wall_s: float) -> Result:
+        """Grade one spec; whatever happens to the worker, return a Result."""
+        spec_path = Path(spec.result).with_suffix(".spec.json")
+        spec_path.parent.mkdir(parents=True, exist_ok=True)
+        spec_path.write_text(json.dumps(asdict(spec)))
+        Path(spec.result).unlink(missing_ok=True)
+        if self.process is None or self.process.poll() is not None:
+            self.process = self._start()
+        assert self.process.stdin and self.process.stdout
+        try:
+            self.process.stdin.write(f"{spec_path}\n")
+            self.process.stdin.flush()
+            ready, _, _ = select.select([self.process.stdout], [], [], wall_s)
+            answer = self.process.stdout.readline() if ready else None
+        except (BrokenPipeError, OSError):
+            answer = ""
+        if answer and Path(spec.result).exists():
+            return Result(**json.loads(Path(spec.result).read_text()))
+        note = f"grading stopped after {wall_s:.0f} s" if answer is None else "grader process died"
+        self.stop()
+        return Result(spec.student, spec.assignment, {}, {}, [f"{note} (see {self.log.name})"])
 
 
 def _zero_filled(result: Result, maxima: dict[str, float]) -> Result:
@@ -139,8 +167,17 @@ def autograde(
         code_cells = sum(c.cell_type == "code" for c in nbformat.read(assignment.source, as_version=4).cells)
         pending.append((spec, fingerprint, timeout * code_cells + WORKER_OVERHEAD_S))
 
+    local = threading.local()
+    workers: list[WorkerProcess] = []
+
+    def run(spec: Spec, wall: float) -> Result:
+        if not hasattr(local, "worker"):
+            local.worker = WorkerProcess(env, work / "logs" / f"worker-{len(workers)}.log")
+            workers.append(local.worker)
+        return local.worker.grade(spec, wall)
+
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(_run_worker, spec, wall, env): (spec, fp) for spec, fp, wall in pending}
+        futures = {pool.submit(run, spec, wall): (spec, fp) for spec, fp, wall in pending}
         bar = tqdm(as_completed(futures), total=len(futures), desc="grading", unit="submission", disable=not progress)
         for future in bar:
             spec, fingerprint = futures[future]
@@ -151,6 +188,8 @@ def autograde(
             if worker_finished:
                 Path(spec.result).with_suffix(".fingerprint").write_text(fingerprint)
             results.append(result)
+    for worker in workers:
+        worker.close()
     write_csv(results, known, out / "grades.csv")
     return results
 

@@ -9,9 +9,10 @@ from pathlib import Path
 
 
 def _release(args: argparse.Namespace) -> int:
+    from grader.course import assignment_named
     from grader.release import release
 
-    for name in release():
+    for name in release([assignment_named(n) for n in args.assignments] or None):
         print(f"released notebooks/{name}/")
     return 0
 
@@ -43,10 +44,32 @@ def _autograde(args: argparse.Namespace) -> int:
     return 0
 
 
+def _selftest(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from grader.autograde import autograde
+    from grader.course import assignment_named, assignments
+    from grader.selftest import mismatches, write_selftest_class
+
+    chosen = [assignment_named(n) for n in args.assignments] or assignments()
+    out = args.keep or Path(tempfile.mkdtemp(prefix="selftest-"))
+    expected = write_selftest_class(out / "class", chosen)
+    results = autograde(out / "class", out / "graded", jobs=args.jobs, timeout=args.timeout, force=True)
+    problems = mismatches({(r.student, r.assignment): (r.scores, "; ".join(r.status) or "ok") for r in results},
+                          expected)
+    for problem in problems:
+        print(f"✗ {problem}")
+    print(f"{len(expected) - len(problems)} of {len(expected)} self-test submissions graded as expected; "
+          f"grades in {out / 'graded' / 'grades.csv'}")
+    return 1 if problems else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m grader", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("release", help="regenerate notebooks/ from solutions/").set_defaults(run=_release)
+    release = commands.add_parser("release", help="regenerate notebooks/ from solutions/")
+    release.add_argument("assignments", nargs="*", help="only these (default: all)")
+    release.set_defaults(run=_release)
     commands.add_parser("check", help="fail when notebooks/ is stale, leaks, carries outputs, or metadata is wrong"
                         ).set_defaults(run=_check)
     grade = commands.add_parser("autograde", help="grade a class: a folder <student>/<assignment>/<notebook>.ipynb or an LMS zip")
@@ -57,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     grade.add_argument("--assignment", help="grade only this assignment")
     grade.add_argument("--force", action="store_true", help="grade again even what an earlier run already graded")
     grade.set_defaults(run=_autograde)
+    selftest = commands.add_parser("selftest", help="grade reference, blank and mutant submissions; fail on any surprise")
+    selftest.add_argument("assignments", nargs="*", help="only these (default: all)")
+    selftest.add_argument("--jobs", type=int, default=os.cpu_count())
+    selftest.add_argument("--timeout", type=int, default=30, help="seconds per cell")
+    selftest.add_argument("--keep", type=Path, help="write the class and grades here (default: a temp folder)")
+    selftest.set_defaults(run=_selftest)
     return parser
 
 

@@ -11,6 +11,8 @@ c.CourseDirectory.release_directory = "notebooks"
 
 # Student code runs at most this long per cell at autograde; `python -m grader autograde --timeout` overrides.
 c.Execute.timeout = 30
+# Cells tagged "demo" carry no points and only draw figures: grading skips them.
+c.Execute.skip_cells_with_tag = "demo"
 # A deleted test cell is put back from the source, so deleting it cannot dodge its points.
 c.OverwriteCells.add_missing_cells = True
 # Feedback shows the student their answers and the visible checks, never the hidden tests.

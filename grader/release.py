@@ -44,14 +44,22 @@ def generate(into: Path, only: list[Assignment] | None = None) -> Path:
     return into
 
 
-def release() -> list[str]:
-    """Regenerate notebooks/ from solutions/; returns the assignments written."""
+def release(only: list[Assignment] | None = None) -> list[str]:
+    """Regenerate notebooks/<assignment>/ from solutions/ (all assignments, or `only`); returns those written."""
+    chosen = only or assignments()
     with tempfile.TemporaryDirectory() as tmp:
-        generated = generate(Path(tmp)) / "release"
-        if NOTEBOOKS.exists():
-            shutil.rmtree(NOTEBOOKS)
-        shutil.copytree(generated, NOTEBOOKS)
-    return [a.name for a in assignments()]
+        generated = generate(Path(tmp), chosen) / "release"
+        for assignment in chosen:
+            shutil.rmtree(NOTEBOOKS / assignment.name, ignore_errors=True)
+            shutil.copytree(generated / assignment.name, NOTEBOOKS / assignment.name)
+    known = {a.name for a in assignments()}
+    for orphan in (p for p in NOTEBOOKS.iterdir() if p.is_dir() and p.name not in known):
+        shutil.rmtree(orphan)  # its source was removed from solutions/
+    return [a.name for a in chosen]
+
+
+def _shown(path: Path) -> str:
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -100,31 +108,37 @@ def leak_problems(release_root: Path = NOTEBOOKS) -> list[str]:
         text = "\n".join(c.source for c in nbformat.read(released, as_version=4).cells)
         lines = {line.strip() for line in text.splitlines()}
         for line in sorted(_secret_lines(nbformat.read(assignment.source, as_version=4)) & lines):
-            problems.append(f"{released.relative_to(REPO)} contains solution/hidden-test text: {line!r}")
+            problems.append(f"{_shown(released)} contains solution/hidden-test text: {line!r}")
         if "BEGIN HIDDEN TESTS" in text or "BEGIN SOLUTION" in text:
-            problems.append(f"{released.relative_to(REPO)} contains a BEGIN SOLUTION/HIDDEN TESTS marker")
+            problems.append(f"{_shown(released)} contains a BEGIN SOLUTION/HIDDEN TESTS marker")
     return problems
 
 
-def output_problems() -> list[str]:
+def output_problems(roots: tuple[Path, ...] = (SOLUTIONS, NOTEBOOKS)) -> list[str]:
     """Committed notebooks (solutions/ or notebooks/) that carry outputs or execution counts."""
     problems = []
-    for root in (SOLUTIONS, NOTEBOOKS):
+    for root in roots:
         for path in sorted(root.rglob("*.ipynb")) if root.exists() else []:
             if ".ipynb_checkpoints" in path.parts:
                 continue
             nb = nbformat.read(path, as_version=4)
             if any(c.get("outputs") or c.get("execution_count") for c in nb.cells if c.cell_type == "code"):
-                problems.append(f"{path.relative_to(REPO)} carries outputs: clear them before committing")
+                problems.append(f"{_shown(path)} carries outputs: clear them before committing")
     return problems
 
 
-def metadata_problems() -> list[str]:
-    """nbgrader metadata that would make grading wrong, per the course's cell conventions."""
+def metadata_problems(sources: list[Path] | None = None) -> list[str]:
+    """nbgrader metadata that would make grading wrong, per the course's cell conventions.
+
+    Test-cell grade ids must be unique across the course: they name the columns of grades.csv.
+    """
     problems = []
-    for assignment in assignments():
-        name = assignment.source.relative_to(REPO)
-        nb = nbformat.read(assignment.source, as_version=4)
+    test_ids: Counter[str] = Counter()
+    for source in sources or [a.source for a in assignments()]:
+        name = _shown(source)
+        nb = nbformat.read(source, as_version=4)
+        test_ids.update(c.metadata.nbgrader["grade_id"] for c in nb.cells
+                        if c.metadata.get("nbgrader", {}).get("grade"))
         ids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells]
         for grade_id, count in Counter(i for i in ids if i).items():
             if count > 1:
@@ -153,6 +167,7 @@ def metadata_problems() -> list[str]:
                 problems.append(f"{where} ({gid}): code cell is neither answer, test nor read-only")
             if "BEGIN HIDDEN TESTS" in cell.source and not info.get("grade"):
                 problems.append(f"{where} ({gid}): hidden tests outside a test cell")
+    problems += [f"test grade_id {gid!r} is used by {n} test cells in the course" for gid, n in test_ids.items() if n > 1]
     return problems
 
 

@@ -1,8 +1,11 @@
-"""Grade one submission in a private nbgrader course folder: `python -m grader.worker SPEC.json`.
+"""Grade submissions, each in a private nbgrader course folder: `python -m grader.worker`.
 
-Each submission gets its own copy of the gradebook, so workers run side by side, a re-grade starts
-from nothing (no stale scores), and a crash here loses only this submission's row — which the
-parent then fills with a status instead.
+The worker reads one spec path per line on stdin, writes that spec's Result JSON, and answers
+`done` on stdout; it stays alive for the next one, so nbgrader is imported once per worker, not
+once per submission. Each submission gets its own copy of the gradebook, so workers run side by
+side and a re-grade starts from nothing (no stale scores). Student code never runs in this process
+(it runs in the kernel nbgrader starts), and if the worker itself dies the parent records a status
+for that submission and starts a new worker.
 """
 
 from __future__ import annotations
@@ -66,11 +69,14 @@ def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -
     known = set(_grade_ids(released))
     answers: dict[str, nbformat.NotebookNode] = {}
     extras: dict[str | None, list[nbformat.NotebookNode]] = {}
+    released_ids = {c.get("id") for c in released.cells}
     anchor: str | None = None
     for cell in submitted.cells:
         info = cell.get("metadata", {}).get("nbgrader")
         if not info:
-            extras.setdefault(anchor, []).append(cell)
+            # The student's own cells: code they added, and prose cells the release does not have.
+            if cell.cell_type == "code" or cell.get("id") not in released_ids:
+                extras.setdefault(anchor, []).append(cell)
             continue
         grade_id = info.get("grade_id")
         if grade_id not in known:
@@ -123,11 +129,12 @@ def _pick_notebook(spec: Spec) -> tuple[Path | None, list[str]]:
 
 
 def _load(path: Path) -> nbformat.NotebookNode:
-    raw = json.loads(path.read_text(encoding="utf-8"))
+    text = path.read_text(encoding="utf-8")
+    raw = json.loads(text)
     major = raw.get("nbformat") if isinstance(raw, dict) else None
     if major != 4:
         raise ValueError(f"nbformat {major!r}, expected 4")
-    nb = nbformat.from_dict(raw)
+    nb = nbformat.reads(text, as_version=4)
     nbformat.validate(nb)
     return nb
 
@@ -181,6 +188,7 @@ def grade(spec: Spec) -> Result:
         config = load_config(root=str(course), source_directory=str(SOLUTIONS))
         config.CourseDirectory.db_url = f"sqlite:///{course / 'gradebook.db'}"
         config.Execute.timeout = spec.timeout
+        config.Exchange.root = str(course / "exchange")  # unused; keeps nbgrader from probing /usr/local
         api = NbGraderAPI(CourseDirectory(config=config), config=config)
         graded = api.autograde(spec.assignment, spec.student, force=True, create=True)
         if not graded["success"]:
@@ -204,18 +212,25 @@ def grade(spec: Spec) -> Result:
     return result
 
 
-def main(argv: list[str]) -> int:
-    logging.basicConfig(level=logging.WARNING)
-    put_interpreter_on_path()
-    spec = Spec(**json.loads(Path(argv[0]).read_text()))
+def grade_to_file(spec_path: Path) -> None:
+    """Grade the spec stored at `spec_path` and write its Result JSON atomically."""
+    spec = Spec(**json.loads(spec_path.read_text()))
     result = grade(spec)
     out = Path(spec.result)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_suffix(".partial")
     partial.write_text(json.dumps(asdict(result), indent=1))
-    partial.replace(out)  # atomic: an interrupted batch never leaves half a result
+    partial.replace(out)  # an interrupted batch never leaves half a result
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.WARNING)
+    put_interpreter_on_path()
+    for line in sys.stdin:
+        grade_to_file(Path(line.strip()))
+        print("done", flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

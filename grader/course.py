@@ -80,3 +80,12 @@ def put_interpreter_on_path() -> None:
     bindir = str(Path(sys.executable).parent)
     if os.environ.get("PATH", "").split(os.pathsep)[0] != bindir:
         os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+
+
+def nbgrader_api(config: Config):
+    """An NbGraderAPI for `config`, with this interpreter's tools (alembic, the kernel) on PATH."""
+    from nbgrader.apps import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+
+    put_interpreter_on_path()
+    return NbGraderAPI(CourseDirectory(config=config), config=config)

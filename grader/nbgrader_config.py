@@ -11,6 +11,17 @@ c.CourseDirectory.release_directory = "notebooks"
 
 # Student code runs at most this long per cell at autograde; `python -m grader autograde --timeout` overrides.
 c.Execute.timeout = 30
+# nbgrader's own pipeline, with Execute replaced by one that never aborts the notebook: a dead or
+# unstoppable kernel costs the cells after it, not the whole submission (see grader/preprocessors.py).
+c.Autograde.autograde_preprocessors = [
+    "grader.preprocessors.RobustExecute",
+    "nbgrader.preprocessors.IgnorePattern",
+    "nbconvert.preprocessors.ClearMetadataPreprocessor",
+    "nbgrader.preprocessors.LimitOutput",
+    "nbgrader.preprocessors.SaveAutoGrades",
+    "nbgrader.preprocessors.AssignLatePenalties",
+    "nbgrader.preprocessors.CheckCellMetadata",
+]
 # Cells tagged "demo" carry no points and only draw figures: grading skips them.
 c.Execute.skip_cells_with_tag = "demo"
 # A deleted test cell is put back from the source, so deleting it cannot dodge its points.

@@ -9,10 +9,8 @@ from collections import Counter
 from pathlib import Path
 
 import nbformat
-from nbgrader.apps import NbGraderAPI
-from nbgrader.coursedir import CourseDirectory
 
-from grader.course import NOTEBOOKS, REPO, SOLUTIONS, Assignment, assignments, load_config
+from grader.course import NOTEBOOKS, REPO, SOLUTIONS, Assignment, assignments, load_config, nbgrader_api
 
 SOLUTION_BLOCK = re.compile(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", re.S)
 HIDDEN_BLOCK = re.compile(r"### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS", re.S)
@@ -34,7 +32,7 @@ def generate(into: Path, only: list[Assignment] | None = None) -> Path:
     into.mkdir(parents=True, exist_ok=True)
     config = load_config(release_directory=str(into / "release"))
     config.CourseDirectory.db_url = f"sqlite:///{into / 'gradebook.db'}"
-    api = NbGraderAPI(CourseDirectory(config=config), config=config)
+    api = nbgrader_api(config)
     for assignment in only or assignments():
         result = api.generate_assignment(assignment.name, force=True, create=True)
         if not result["success"]:
@@ -85,16 +83,14 @@ def stale_problems() -> list[str]:
     return sorted(problems)
 
 
-def _secret_lines(source_nb: nbformat.NotebookNode) -> set[str]:
-    """Lines of solutions and hidden tests that never occur elsewhere in the source notebook."""
+def secret_lines(source_nb: nbformat.NotebookNode, *, solutions: bool = True, hidden_tests: bool = True) -> set[str]:
+    """Lines of solutions and/or hidden tests that occur nowhere else in the source notebook."""
     secret, public = set(), set()
     for cell in source_nb.cells:
         text = cell.source + "\n"
-        hidden = "".join(m.group(1) for m in SOLUTION_BLOCK.finditer(text)) + "".join(
-            m.group(1) for m in HIDDEN_BLOCK.finditer(text))
-        secret.update(line.strip() for line in hidden.splitlines())
-        rest = HIDDEN_BLOCK.sub("", SOLUTION_BLOCK.sub("", text))
-        public.update(line.strip() for line in rest.splitlines())
+        blocks = (SOLUTION_BLOCK.findall(text) if solutions else []) + (HIDDEN_BLOCK.findall(text) if hidden_tests else [])
+        secret.update(line.strip() for line in "".join(blocks).splitlines())
+        public.update(line.strip() for line in HIDDEN_BLOCK.sub("", SOLUTION_BLOCK.sub("", text)).splitlines())
     return {line for line in secret - public if len(line) >= 8 and not line.startswith("#")}
 
 
@@ -107,7 +103,7 @@ def leak_problems(release_root: Path = NOTEBOOKS) -> list[str]:
             continue
         text = "\n".join(c.source for c in nbformat.read(released, as_version=4).cells)
         lines = {line.strip() for line in text.splitlines()}
-        for line in sorted(_secret_lines(nbformat.read(assignment.source, as_version=4)) & lines):
+        for line in sorted(secret_lines(nbformat.read(assignment.source, as_version=4)) & lines):
             problems.append(f"{_shown(released)} contains solution/hidden-test text: {line!r}")
         if "BEGIN HIDDEN TESTS" in text or "BEGIN SOLUTION" in text:
             problems.append(f"{_shown(released)} contains a BEGIN SOLUTION/HIDDEN TESTS marker")

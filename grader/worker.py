@@ -21,10 +21,8 @@ from pathlib import Path
 
 import nbformat
 from nbgrader.api import Gradebook
-from nbgrader.apps import NbGraderAPI
-from nbgrader.coursedir import CourseDirectory
 
-from grader.course import SOLUTIONS, load_config, put_interpreter_on_path
+from grader.course import SOLUTIONS, load_config, nbgrader_api, put_interpreter_on_path
 from grader.preprocessors import CELL_TIMEOUT, KERNEL_DIED, OUTPUT_LIMIT
 
 
@@ -189,7 +187,8 @@ def grade(spec: Spec) -> Result:
         config.CourseDirectory.db_url = f"sqlite:///{course / 'gradebook.db'}"
         config.Execute.timeout = spec.timeout
         config.Exchange.root = str(course / "exchange")  # unused; keeps nbgrader from probing /usr/local
-        api = NbGraderAPI(CourseDirectory(config=config), config=config)
+        (course / "exchange").mkdir()
+        api = nbgrader_api(config)
         graded = api.autograde(spec.assignment, spec.student, force=True, create=True)
         if not graded["success"]:
             last = (graded.get("error") or graded.get("log") or "").strip().splitlines()[-1:] or ["no log"]

@@ -1,0 +1,77 @@
+"""`python -m grader check` passes on the course, and fails on each kind of problem it promises to catch."""
+
+import copy
+import subprocess
+
+import nbformat
+import pytest
+
+from conftest import PYTHON, REPO
+from grader.course import assignment_named, assignments
+from grader.release import generate, leak_problems, metadata_problems, output_problems
+
+
+def test_grader_check_passes():
+    run = subprocess.run([PYTHON, "-m", "grader", "check"], cwd=REPO, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_release_is_deterministic(tmp_path):
+    one = assignment_named("01_gradient_descent")
+    first = generate(tmp_path / "a", [one]) / "release" / one.name / one.notebook
+    second = generate(tmp_path / "b", [one]) / "release" / one.name / one.notebook
+    assert first.read_bytes() == second.read_bytes() == one.release.read_bytes()
+
+
+def test_every_solution_has_a_release():
+    for assignment in assignments():
+        assert assignment.release.exists(), f"{assignment.name} is not released"
+
+
+def test_check_catches_outputs(tmp_path):
+    nb = nbformat.read(assignment_named("01_gradient_descent").release, as_version=4)
+    code = next(c for c in nb.cells if c.cell_type == "code")
+    code.outputs = [nbformat.v4.new_output("stream", text="hello")]
+    code.execution_count = 1
+    nbformat.write(nb, tmp_path / "executed.ipynb")
+    assert output_problems((tmp_path,)) == [f"{tmp_path / 'executed.ipynb'} carries outputs: clear them before committing"]
+
+
+def test_check_catches_solution_and_hidden_test_leaks(tmp_path):
+    one = assignment_named("01_gradient_descent")
+    source = nbformat.read(one.source, as_version=4)
+    leaked = tmp_path / one.name / one.notebook
+    leaked.parent.mkdir()
+    nbformat.write(source, leaked)  # the instructor copy published by mistake
+    problems = leak_problems(tmp_path)
+    assert any("return (2.0 / n) * X.T @ (X @ w - y)" in p for p in problems)
+    assert any("BEGIN SOLUTION/HIDDEN TESTS marker" in p for p in problems)
+    assert leak_problems() == []
+
+
+@pytest.mark.parametrize("breakage, message", [
+    ("duplicate", "is used 2 times"),
+    ("no_points", "test cell without positive points"),
+    ("unlocked_test", "test cell is not locked"),
+    ("bare_code", "code cell without nbgrader metadata"),
+    ("no_marker", "answer cell without ### BEGIN SOLUTION"),
+])
+def test_check_catches_bad_metadata(tmp_path, breakage, message):
+    nb = copy.deepcopy(nbformat.read(assignment_named("01_gradient_descent").source, as_version=4))
+    test_cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade"))
+    answer = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution"))
+    if breakage == "duplicate":
+        answer.metadata.nbgrader["grade_id"] = test_cell.metadata.nbgrader["grade_id"]
+    elif breakage == "no_points":
+        del test_cell.metadata.nbgrader["points"]
+    elif breakage == "unlocked_test":
+        test_cell.metadata.nbgrader["locked"] = False
+    elif breakage == "bare_code":
+        del nb.cells[1].metadata["nbgrader"]
+    elif breakage == "no_marker":
+        answer.source = "def mse_grad(w, X, y):\n    return w"
+    path = tmp_path / "broken.ipynb"
+    nbformat.write(nb, path)
+    problems = metadata_problems([path])
+    assert any(message in p for p in problems), problems
+    assert metadata_problems() == []

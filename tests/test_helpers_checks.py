@@ -1,0 +1,85 @@
+"""helpers.checks: oracles agree with closed forms, and failures name the mistake."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from helpers.checks import (CheckFailure, autograd_grad, check, check_scalar, check_tensor, check_unchanged,
+                            constant_factor, describe_mismatch)
+
+shapes = st.lists(st.integers(1, 5), min_size=1, max_size=3)
+factors = st.sampled_from([-1.0, 0.5, 2.0, 3.0, -4.0, 10.0])
+
+
+def tensor(shape, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) + 0.1
+
+
+@settings(max_examples=40, deadline=None)
+@given(shape=shapes, seed=st.integers(0, 10_000))
+def test_equal_tensors_pass(shape, seed):
+    t = tensor(shape, seed)
+    check_tensor(t.clone(), t, name="f")
+
+
+@settings(max_examples=40, deadline=None)
+@given(shape=shapes, seed=st.integers(0, 10_000), k=factors)
+def test_scaled_tensor_is_reported_with_its_factor(shape, seed, k):
+    t = tensor(shape, seed)
+    assert constant_factor(k * t, t) == pytest.approx(k)
+    with pytest.raises(CheckFailure, match=f"off by a factor of {k:.4g}"):
+        check_tensor(k * t, t, name="f")
+
+
+def test_factor_hint_and_sign_are_spelled_out():
+    t = torch.tensor([1.0, -2.0, 3.0])
+    with pytest.raises(CheckFailure, match="derivative of the square"):
+        check_tensor(0.5 * t, t, name="mse_grad", factor_hints={0.5: "the derivative of the square brings a factor 2"})
+    with pytest.raises(CheckFailure, match="sign is flipped"):
+        check_tensor(-t, t, name="mse_grad")
+
+
+def test_shape_type_and_nonfinite_failures_teach():
+    t = torch.ones(3)
+    with pytest.raises(CheckFailure, match=r"returned shape \[3, 1\], expected \[3\]"):
+        check_tensor(torch.ones(3, 1), t, name="mse_grad")
+    with pytest.raises(CheckFailure, match="should return a torch.Tensor, got list"):
+        check_tensor([1.0, 1.0, 1.0], t, name="mse_grad")
+    with pytest.raises(CheckFailure, match="inf or NaN"):
+        check_tensor(torch.tensor([1.0, float("nan"), 1.0]), t, name="mse_grad")
+
+
+def test_unrelated_values_name_the_worst_entry():
+    message = describe_mismatch(torch.tensor([1.0, 5.0, 1.0]), torch.tensor([1.0, 2.0, 3.0]))
+    assert "index [1]" in message and "expected 2" in message and "got 5" in message
+
+
+def test_check_scalar_accepts_numbers_and_explains_factors():
+    check_scalar(torch.tensor(6.0), 6.0, name="d/dw")
+    check_scalar(6, 6.0, name="d/dw")
+    with pytest.raises(CheckFailure, match=r"expected 6, got 3 \(off by a factor of 0.5"):
+        check_scalar(3.0, 6.0, name="d/dw")
+    with pytest.raises(CheckFailure, match="should be a number, got str"):
+        check_scalar("6", 6.0, name="d/dw")
+    with pytest.raises(CheckFailure, match="single number"):
+        check_scalar(torch.ones(2), 6.0, name="d/dw")
+
+
+def test_check_and_check_unchanged():
+    check(True, "never shown")
+    with pytest.raises(CheckFailure, match="the message"):
+        check(False, "the message")
+    w = torch.zeros(2)
+    with pytest.raises(CheckFailure, match=r"changed its argument w0 in place; work on a copy \(w0.clone\(\)\)"):
+        check_unchanged(w, w + 1, name="gradient_descent", argument="w0")
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 20), d=st.integers(1, 5), seed=st.integers(0, 10_000))
+def test_autograd_grad_matches_closed_form_mse_gradient(n, d, seed):
+    g = torch.Generator().manual_seed(seed)
+    X, y, w = (torch.randn(*s, generator=g, dtype=torch.float64) for s in ((n, d), (n,), (d,)))
+    closed_form = 2.0 / n * X.T @ (X @ w - y)
+    torch.testing.assert_close(autograd_grad(lambda v: ((X @ v - y) ** 2).mean(), w), closed_form)
+    assert not w.requires_grad  # the oracle leaves its input alone

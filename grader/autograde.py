@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -142,7 +143,7 @@ def autograde(
         root = unpack_zip(submissions, Path(tempfile.mkdtemp(prefix="unpacked-", dir=_mkdir(work))), list(known.values()))
     subs = collect(root, list(known.values()), only)
     graded = sorted({s.assignment for s in subs if s.assignment in known})
-    template = generate(work / "template", [known[a] for a in graded]) if graded else work / "template"
+    template = _template(work / "template", [known[a] for a in graded])
 
     env = dict(os.environ)
     # Parallel kernels share the cores: one torch thread per kernel keeps them from fighting.
@@ -192,6 +193,20 @@ def autograde(
         worker.close()
     write_csv(results, known, out / "grades.csv")
     return results
+
+
+def _template(folder: Path, chosen: list[Assignment]) -> Path:
+    """nbgrader's release and gradebook for `chosen`, regenerated only when a source notebook changed."""
+    digest = hashlib.sha256((Path(__file__).parent / "nbgrader_config.py").read_bytes())
+    for assignment in chosen:
+        digest.update(assignment.name.encode() + assignment.source.read_bytes())
+    stamp = folder / "sources.sha256"
+    if stamp.exists() and stamp.read_text() == digest.hexdigest():
+        return folder
+    shutil.rmtree(folder, ignore_errors=True)
+    generate(folder, chosen)
+    stamp.write_text(digest.hexdigest())
+    return folder
 
 
 def _mkdir(path: Path) -> Path:

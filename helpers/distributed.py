@@ -102,6 +102,7 @@ def torchrun_command(
 
 
 _ROLE_PREFIX = re.compile(r"^\[default(\d+)\]:", re.M)
+_ROLE_PREFIX_MIDLINE = re.compile(r"\[default(\d+)\]:")
 _LAUNCHER_REPORT = re.compile(r"^E\d{4} .*torch/distributed/elastic/.*failed \(exitcode", re.M)
 
 
@@ -190,7 +191,8 @@ def run_torchrun(
     fd = process.stdout.fileno()
 
     def emit(text: str) -> None:
-        text = _ROLE_PREFIX.sub(r"[rank \1] ", text)
+        # A line a rank left unfinished (a progress bar's carriage returns) ends where the next prefix starts.
+        text = _ROLE_PREFIX_MIDLINE.sub(r"\n[rank \1] ", _ROLE_PREFIX.sub(r"[rank \1] ", text))
         lines.append(text)
         if echo:
             sys.stdout.write(text)

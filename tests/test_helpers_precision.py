@@ -1,0 +1,52 @@
+"""Tests for helpers.precision: timing on the CPU, the seeded MLP, and one measured precision row per dtype."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from helpers.precision import PrecisionRow, make_mlp, measure_precision, synchronize, time_call
+
+CPU = torch.device("cpu")
+
+
+def test_synchronize_is_a_noop_on_cpu():
+    synchronize(CPU)
+
+
+def test_time_call_counts_calls_and_measures_sleep():
+    calls = []
+
+    def work():
+        calls.append(1)
+        time.sleep(0.01)
+
+    seconds = time_call(work, CPU, repeats=3, warmup=2)
+    assert len(calls) == 5
+    assert 0.009 <= seconds < 0.5
+
+
+def test_make_mlp_is_seeded_and_shaped():
+    a, b = make_mlp(width=16, depth=3, d_in=4, d_out=2, seed=5), make_mlp(width=16, depth=3, d_in=4, d_out=2, seed=5)
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p, q)
+    assert a(torch.randn(7, 4)).shape == (7, 2)
+    assert sum(isinstance(m, torch.nn.Linear) for m in a) == 4
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16, torch.float16])
+def test_measure_precision_row_on_cpu(dtype):
+    row = measure_precision(CPU, dtype, steps=2, batch=16, width=16, depth=2)
+    assert isinstance(row, PrecisionRow)
+    assert row.device == "cpu" and row.peak_mib is None
+    assert row.ms_per_step > 0 and row.skipped_steps == 0
+    assert torch.isfinite(torch.tensor(row.final_loss))
+    assert row.label.startswith({None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype])
+
+
+def test_measure_precision_lowers_the_loss():
+    start = measure_precision(CPU, None, steps=1, batch=32, width=16, depth=2)
+    longer = measure_precision(CPU, None, steps=20, batch=32, width=16, depth=2)
+    assert longer.final_loss < start.final_loss

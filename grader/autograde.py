@@ -20,6 +20,7 @@ from pathlib import Path
 import nbformat
 from tqdm import tqdm
 
+from grader import sandbox
 from grader.course import Assignment, assignments
 from grader.release import generate
 from grader.submissions import Submission, collect, unpack_zip
@@ -29,14 +30,18 @@ from grader.worker import Result, Spec
 WORKER_OVERHEAD_S = 120
 
 
-def _fingerprint(sub: Submission, assignment: Assignment | None, timeout: int) -> str:
+class SandboxUnavailable(RuntimeError):
+    """Raised when untrusted code would run without isolation and the instructor did not accept that."""
+
+
+def _fingerprint(sub: Submission, assignment: Assignment | None, timeout: int, sandboxed: bool) -> str:
     """Changes whenever the hand-in, the assignment's source or the grading settings change."""
-    digest = hashlib.sha256(f"{sub.student}\0{sub.assignment}\0{timeout}\0{sub.problem}".encode())
+    digest = hashlib.sha256(f"{sub.student}\0{sub.assignment}\0{timeout}\0{sandboxed}\0{sub.problem}".encode())
     for path in sub.files:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     if assignment is not None:
         digest.update(assignment.source.read_bytes())
-    for module in ("worker.py", "preprocessors.py", "nbgrader_config.py"):
+    for module in ("worker.py", "preprocessors.py", "nbgrader_config.py", "sandbox.py"):
         digest.update((Path(__file__).parent / module).read_bytes())
     return digest.hexdigest()
 
@@ -129,12 +134,21 @@ def autograde(
     only: str | None = None,
     force: bool = False,
     progress: bool = True,
+    sandboxed: bool = True,
 ) -> list[Result]:
     """Grade every submission under `submissions` (folder or zip) into `out`; returns the rows written.
 
     Results are kept per submission with a fingerprint, so a re-run (after an interruption, or with
-    new submissions) grades only what changed; `force` grades everything again.
+    new submissions) grades only what changed; `force` grades everything again. Student code runs
+    in the bubblewrap sandbox (grader.sandbox) unless `sandboxed` is False.
     """
+    if sandboxed and not sandbox.bwrap_works():
+        raise SandboxUnavailable(
+            "bubblewrap (bwrap) is missing or cannot create namespaces here, so student code would run with "
+            "your permissions. Install it (`apt-get install bubblewrap`, or ./course setup), or pass "
+            "--unsandboxed to grade without isolation at your own risk.")
+    if sandboxed and not sandbox.kernelspec_dir().exists():
+        sandbox.install_kernelspec()
     jobs = jobs or os.cpu_count() or 1
     work = out / ".work"
     known = {a.name: a for a in assignments()}
@@ -153,7 +167,7 @@ def autograde(
     for sub in subs:
         assignment = known.get(sub.assignment)
         result_path = work / "results" / sub.student / f"{sub.assignment}.json"
-        fingerprint = _fingerprint(sub, assignment, timeout)
+        fingerprint = _fingerprint(sub, assignment, timeout, sandboxed)
         stamp = result_path.with_suffix(".fingerprint")
         if assignment is None:
             results.append(Result(sub.student, sub.assignment, {}, {}, [sub.problem]))
@@ -164,7 +178,7 @@ def autograde(
         stamp.unlink(missing_ok=True)
         spec = Spec(sub.student, sub.assignment, assignment.notebook, [str(f) for f in sub.files], str(template),
                     str(result_path), str(out / "feedback" / sub.student / sub.assignment / f"{assignment.name}.html"),
-                    timeout, sub.problem)
+                    timeout, sandboxed, sub.problem)
         code_cells = sum(c.cell_type == "code" for c in nbformat.read(assignment.source, as_version=4).cells)
         pending.append((spec, fingerprint, timeout * code_cells + WORKER_OVERHEAD_S))
 

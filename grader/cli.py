@@ -29,13 +29,17 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _autograde(args: argparse.Namespace) -> int:
-    from grader.autograde import autograde
+    from grader.autograde import SandboxUnavailable, autograde
 
     if not args.submissions.exists():
         print(f"no such folder or zip: {args.submissions}", file=sys.stderr)
         return 2
-    results = autograde(args.submissions, args.out, jobs=args.jobs, timeout=args.timeout,
-                        only=args.assignment, force=args.force)
+    try:
+        results = autograde(args.submissions, args.out, jobs=args.jobs, timeout=args.timeout,
+                            only=args.assignment, force=args.force, sandboxed=not args.unsandboxed)
+    except SandboxUnavailable as err:
+        print(f"refusing to grade: {err}", file=sys.stderr)
+        return 3
     flagged = [r for r in results if r.status]
     print(f"graded {len(results)} submission(s) into {args.out / 'grades.csv'}; "
           f"feedback in {args.out / 'feedback'}; {len(flagged)} with a status note")
@@ -79,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     grade.add_argument("--timeout", type=int, default=30, help="seconds per cell (default 30)")
     grade.add_argument("--assignment", help="grade only this assignment")
     grade.add_argument("--force", action="store_true", help="grade again even what an earlier run already graded")
+    grade.add_argument("--unsandboxed", action="store_true",
+                       help="run student code without bubblewrap isolation (only for code you trust)")
     grade.set_defaults(run=_autograde)
     selftest = commands.add_parser("selftest", help="grade reference, blank and mutant submissions; fail on any surprise")
     selftest.add_argument("assignments", nargs="*", help="only these (default: all)")

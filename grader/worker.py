@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import os
 import shutil
 import sys
 import tempfile
@@ -22,6 +23,7 @@ from pathlib import Path
 import nbformat
 from nbgrader.api import Gradebook
 
+from grader import sandbox
 from grader.course import SOLUTIONS, load_config, nbgrader_api, put_interpreter_on_path
 from grader.preprocessors import CELL_TIMEOUT, KERNEL_DIED, OUTPUT_LIMIT
 
@@ -38,6 +40,7 @@ class Spec:
     result: str  # where to write the Result JSON
     feedback: str  # where to write the feedback HTML
     timeout: int  # seconds per cell
+    sandbox: bool = True  # run the kernel in bubblewrap (grader.sandbox)
     problem: str = ""  # set by the collector when there is nothing to grade
 
 
@@ -188,6 +191,14 @@ def grade(spec: Spec) -> Result:
         config.Execute.timeout = spec.timeout
         config.Exchange.root = str(course / "exchange")  # unused; keeps nbgrader from probing /usr/local
         (course / "exchange").mkdir()
+        if spec.sandbox:
+            # The kernel talks over Unix sockets in a folder the sandbox binds: TCP cannot cross --unshare-net.
+            runtime = course / "runtime"
+            runtime.mkdir()
+            os.environ["JUPYTER_RUNTIME_DIR"] = str(runtime)
+            config.Execute.kernel_name = sandbox.KERNEL_NAME
+            config.KernelManager.transport = "ipc"
+            config.KernelManager.ip = str(runtime / "kernel")
         api = nbgrader_api(config)
         graded = api.autograde(spec.assignment, spec.student, force=True, create=True)
         if not graded["success"]:
@@ -225,9 +236,14 @@ def grade_to_file(spec_path: Path) -> None:
 def main() -> int:
     logging.basicConfig(level=logging.WARNING)
     put_interpreter_on_path()
+    # stdout is the channel to the parent; everything else written to fd 1 (kernels started from
+    # here inherit it) goes to the log on stderr instead.
+    channel = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
     for line in sys.stdin:
         grade_to_file(Path(line.strip()))
-        print("done", flush=True)
+        channel.write("done\n")
+        channel.flush()
     return 0
 
 

@@ -29,7 +29,7 @@ c.OverwriteCells.add_missing_cells = True
 # Feedback shows the student their answers and the visible checks, never the hidden tests.
 c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
-    "nbgrader.preprocessors.ClearHiddenTests",
     "grader.preprocessors.RedactTestOutputs",
+    "nbgrader.preprocessors.ClearHiddenTests",
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
 ]

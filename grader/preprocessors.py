@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import re
+
 from jupyter_core.utils import run_sync
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat import NotebookNode
 from nbformat.v4 import new_output
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from traitlets import Integer
+
+# The block nbgrader strips from released notebooks and feedback.
+HIDDEN_BLOCK = re.compile(r"### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS", re.S)
 
 # Error names the grader writes into a cell; autograde reads them back to fill the status column.
 KERNEL_DIED = "KernelDied"
@@ -78,7 +83,9 @@ class RedactTestOutputs(NbGraderPreprocessor):
     """In feedback, a test cell shows only the name and message of its error.
 
     Tracebacks quote the hidden test lines around the failure, and printed output can come from
-    code that reads the test's source; the error message is written for the student and is kept.
+    code that reads the test's source; the error message is written for the student and is kept,
+    minus any line of the cell's hidden tests it happens to quote. Runs before ClearHiddenTests,
+    while the hidden block is still in the cell.
     """
 
     max_message_chars = Integer(2000).tag(config=True)
@@ -86,9 +93,16 @@ class RedactTestOutputs(NbGraderPreprocessor):
     def preprocess_cell(self, cell, resources, index):
         info = cell.metadata.get("nbgrader", {})
         if cell.cell_type == "code" and info.get("grade") and not info.get("solution"):
+            hidden = {line.strip() for block in HIDDEN_BLOCK.findall(cell.source + "\n")
+                      for line in block.splitlines() if len(line.strip()) >= 8}
             cell.outputs = [
-                error_output(out.get("ename", "Error"), str(out.get("evalue", ""))[: self.max_message_chars])
+                error_output(out.get("ename", "Error"), self._scrub(str(out.get("evalue", "")), hidden))
                 for out in cell.get("outputs", [])
                 if out.get("output_type") == "error"
             ]
         return cell, resources
+
+    def _scrub(self, message: str, hidden: set[str]) -> str:
+        lines = [("[hidden test line removed]" if any(h in line for h in hidden) else line)
+                 for line in message[: self.max_message_chars].splitlines()]
+        return "\n".join(lines)

@@ -11,9 +11,9 @@ from pathlib import Path
 import nbformat
 
 from grader.course import NOTEBOOKS, REPO, SOLUTIONS, Assignment, assignments, load_config, nbgrader_api
+from grader.preprocessors import HIDDEN_BLOCK
 
 SOLUTION_BLOCK = re.compile(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", re.S)
-HIDDEN_BLOCK = re.compile(r"### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS", re.S)
 
 
 def normalize(path: Path) -> None:

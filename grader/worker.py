@@ -23,7 +23,7 @@ from pathlib import Path
 import nbformat
 from nbgrader.api import Gradebook
 
-from grader import sandbox
+from grader import integrity, sandbox
 from grader.course import SOLUTIONS, load_config, nbgrader_api, put_interpreter_on_path
 from grader.preprocessors import CELL_TIMEOUT, KERNEL_DIED, OUTPUT_LIMIT
 
@@ -152,6 +152,8 @@ def _execution_notes(nb: nbformat.NotebookNode) -> list[str]:
                 notes.append(f"timeout in cell {where}")
             elif name == OUTPUT_LIMIT:
                 notes.append(f"output too large in cell {where}")
+            elif name == "MemoryError":
+                notes.append(f"out of memory in cell {where}")
     return notes
 
 
@@ -179,6 +181,12 @@ def grade(spec: Spec) -> Result:
         return result
     rebuilt, tamper_notes = rebuild(submitted, released)
     result.status += tamper_notes
+    finding = integrity.scan(rebuilt, released)
+    fooled = [c.metadata.nbgrader["grade_id"] for c in rebuilt.cells[finding.cell_index:]
+              if c.metadata.get("nbgrader", {}).get("grade")] if finding else []
+    if finding:
+        result.status.append(f"tampered: cell {finding.cell_id} {finding.reason}; "
+                             f"no points for {', '.join(fooled) or 'nothing'}")
 
     with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
         course = Path(tmp)
@@ -210,7 +218,7 @@ def grade(spec: Spec) -> Result:
         with Gradebook(config.CourseDirectory.db_url) as gb:
             notebook = gb.find_submission_notebook(Path(spec.notebook).stem, spec.assignment, spec.student)
             for g in notebook.grades:
-                if g.name in result.scores:
+                if g.name in result.scores and g.name not in fooled:
                     result.scores[g.name] = float(g.score)
         feedback = api.generate_feedback(spec.assignment, spec.student, force=True)
         html = course / "feedback" / spec.student / spec.assignment / f"{Path(spec.notebook).stem}.html"

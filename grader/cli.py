@@ -68,6 +68,17 @@ def _selftest(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+def _bundle(args: argparse.Namespace) -> int:
+    from grader.bundle import bundle, bundle_leaks
+
+    files = bundle(args.out)
+    leaks = bundle_leaks(args.out)
+    for leak in leaks:
+        print(f"✗ leaked into the bundle: {leak}")
+    print(f"wrote {len(files)} files to {args.out}" + (f"; {len(leaks)} leak(s) — do not publish" if leaks else ""))
+    return 1 if leaks else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m grader", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -86,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     grade.add_argument("--unsandboxed", action="store_true",
                        help="run student code without bubblewrap isolation (only for code you trust)")
     grade.set_defaults(run=_autograde)
+    student_bundle = commands.add_parser("bundle", help="write what students receive (no solutions, hidden tests or mutants)")
+    student_bundle.add_argument("out", type=Path, help="a new folder")
+    student_bundle.set_defaults(run=_bundle)
     selftest = commands.add_parser("selftest", help="grade reference, blank and mutant submissions; fail on any surprise")
     selftest.add_argument("assignments", nargs="*", help="only these (default: all)")
     selftest.add_argument("--jobs", type=int, default=os.cpu_count())

@@ -1,42 +1,24 @@
-"""The grader grades: reference full, blank 0, every mutant loses its points, and a messy class survives.
+"""The grader grades: reference full, blank 0, every mutant of every exercise loses its points.
 
-Both classes go through `python -m grader autograde` itself (a subprocess), as an instructor runs it.
+The self-test class goes through `python -m grader autograde` itself (a subprocess), as an instructor
+runs it; tests/test_class.py grades a class of troubled and hostile submissions.
 """
 
-import csv
-import json
 import subprocess
 import zipfile
 
 import nbformat
 import pytest
 
-from conftest import PYTHON, REPO
+from conftest import PYTHON, autograde, read_rows
 from grader.course import assignment_named, assignments
-from grader.mutants import load_mutants, mutant_submission, reference_answers, reference_submission
+from grader.mutants import reference_submission
 from grader.release import secret_lines
-from grader.selftest import Expected, mismatches, put, write_selftest_class
+from grader.selftest import mismatches, write_selftest_class
 from grader.submissions import collect, unpack_zip
 
 pytestmark = pytest.mark.slow
 ONE = "01_gradient_descent"
-
-
-def autograde(submissions, out, *extra):
-    run = subprocess.run([PYTHON, "-m", "grader", "autograde", str(submissions), "--out", str(out), *extra],
-                         cwd=REPO, capture_output=True, text=True)
-    assert run.returncode == 0, run.stdout + run.stderr
-    return run
-
-
-def read_rows(out):
-    with open(out / "grades.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
-    fixed = {"student", "assignment", "total", "max_total", "status"}
-    return {
-        (r["student"], r["assignment"]): ({k: float(v) for k, v in r.items() if k not in fixed and v != ""}, r["status"])
-        for r in rows
-    }
 
 
 @pytest.fixture(scope="module")
@@ -71,104 +53,6 @@ def test_feedback_shows_no_hidden_test(selftest):
             text = page.read_text()
             leaked = [line for line in hidden if line in text]
             assert not leaked, f"{page} shows hidden test lines: {leaked[:3]}"
-
-
-# ---- one class with every kind of trouble, graded in one run ----
-
-def _with_answer(source: str, cell: str) -> nbformat.NotebookNode:
-    a = assignment_named(ONE)
-    nb = reference_submission(a)
-    for c in nb.cells:
-        if c.metadata.get("nbgrader", {}).get("grade_id") == cell:
-            c.source = source
-    return nb
-
-
-def _without(grade_id: str) -> nbformat.NotebookNode:
-    nb = reference_submission(assignment_named(ONE))
-    nb.cells = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") != grade_id]
-    return nb
-
-
-def _edited(grade_id: str, source: str) -> nbformat.NotebookNode:
-    nb = reference_submission(assignment_named(ONE))
-    for c in nb.cells:
-        if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
-            c.source = source
-    return nb
-
-
-@pytest.fixture(scope="module")
-def messy_class(tmp_path_factory):
-    a = assignment_named(ONE)
-    full = a.grade_cells()
-    zero = {k: 0.0 for k in full}
-    answers = reference_answers(a)
-    root = tmp_path_factory.mktemp("messy")
-    cls = root / "class"
-    expected: dict[tuple[str, str], Expected] = {}
-
-    def add(student, nb, scores, status="ok"):
-        if nb is not None:
-            put(cls, student, a, nb)
-        expected[student, ONE] = Expected(scores, status)
-
-    add("correct", reference_submission(a), full)
-    add("blank", nbformat.read(a.release, as_version=4), zero)
-    ascends = next(m for m in load_mutants(a) if m.name == "gradient_descent_ascends")
-    add("wrong", mutant_submission(a, [ascends]), {**full, "gradient_descent": 0.0})
-    add("deleted-test-cell", _without("critical_lr"), full, "tampered: deleted cell critical_lr restored")
-    add("edited-test-cell", _edited("mse_grad", "print('all tests passed')"), full,
-        "tampered: edited locked cell mse_grad restored")
-    add("edited-read-only-cell", _edited("setup", "X = y = None"), full, "tampered: edited locked cell setup restored")
-    add("never-finishes", _with_answer(answers["numerical_grad_answer"] + "\nwhile True:\n    pass\n",
-                                       "numerical_grad_answer"), full, "timeout in cell numerical_grad_answer")
-    resist = answers["gradient_descent_answer"] + (
-        "\nimport time\nwhile True:\n    try:\n        time.sleep(0.05)\n    except KeyboardInterrupt:\n        pass\n")
-    add("ignores-interrupt", _with_answer(resist, "gradient_descent_answer"),
-        {**full, "gradient_descent": 0.0, "critical_lr": 0.0}, "timeout in cell gradient_descent_answer")
-    add("kernel-dies", _with_answer("import os\nos._exit(1)", "critical_lr_answer"), {**full, "critical_lr": 0.0},
-        "kernel died in cell critical_lr_answer")
-    (cls / "corrupted-json" / ONE).mkdir(parents=True)
-    (cls / "corrupted-json" / ONE / a.notebook).write_text('{"cells": [ this is not json')
-    add("corrupted-json", None, zero, "invalid notebook")
-    (cls / "nothing-handed-in" / ONE).mkdir(parents=True)
-    (cls / "nothing-handed-in" / ONE / "notes.txt").write_text("forgot the notebook")
-    add("nothing-handed-in", None, zero, "missing notebook")
-    (cls / "renamed" / ONE).mkdir(parents=True)
-    nbformat.write(reference_submission(a), cls / "renamed" / ONE / "my_work.ipynb")
-    (cls / "renamed" / ONE / "scratch.txt").write_text("x")
-    add("renamed", None, full, "renamed: graded my_work.ipynb")
-    expected["renamed", ONE].status = "extra files ignored: scratch.txt"
-
-    out = root / "graded"
-    run = autograde(cls, out, "--timeout", "15")
-    return expected, out, cls, run
-
-
-def test_messy_class_gets_every_row_with_points_and_status(messy_class):
-    expected, out, _, _ = messy_class
-    rows = read_rows(out)
-    assert mismatches(rows, expected) == []
-    assert rows["renamed", ONE][1].startswith("renamed: graded my_work.ipynb")
-
-
-def test_messy_class_writes_feedback_for_graded_submissions(messy_class):
-    _, out, _, _ = messy_class
-    for student in ("correct", "wrong", "kernel-dies"):
-        assert (out / "feedback" / student / ONE / f"{ONE}.html").exists()
-    page = (out / "feedback" / "wrong" / ONE / f"{ONE}.html").read_text()
-    assert "gradient_descent" in page and "CheckFailure" in page
-
-
-def test_regrading_reuses_results_and_gives_the_same_csv(messy_class):
-    _, out, cls, _ = messy_class
-    before = (out / "grades.csv").read_text()
-    results = out / ".work" / "results" / "correct" / f"{ONE}.json"
-    stamp = results.stat().st_mtime_ns
-    autograde(cls, out, "--timeout", "15")
-    assert (out / "grades.csv").read_text() == before
-    assert results.stat().st_mtime_ns == stamp, "an unchanged submission was graded again"
 
 
 def test_an_lms_zip_is_graded_like_a_folder(tmp_path):

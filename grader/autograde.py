@@ -21,11 +21,12 @@ import nbformat
 from tqdm import tqdm
 
 from grader import sandbox
-from grader.course import Assignment, assignments
+from grader.course import REPO, Assignment, assignments
 from grader.release import generate
 from grader.submissions import Submission, collect, unpack_zip
 from grader.worker import Result, Spec
 
+TEMPLATES = REPO / "build" / "grading-templates"
 # Seconds a worker may spend beyond the per-cell limits (kernel start, nbgrader, feedback HTML).
 WORKER_OVERHEAD_S = 120
 
@@ -157,7 +158,7 @@ def autograde(
         root = unpack_zip(submissions, Path(tempfile.mkdtemp(prefix="unpacked-", dir=_mkdir(work))), list(known.values()))
     subs = collect(root, list(known.values()), only)
     graded = sorted({s.assignment for s in subs if s.assignment in known})
-    template = _template(work / "template", [known[a] for a in graded])
+    template = _template([known[a] for a in graded])
 
     env = dict(os.environ)
     # Parallel kernels share the cores: one torch thread per kernel keeps them from fighting.
@@ -209,17 +210,22 @@ def autograde(
     return results
 
 
-def _template(folder: Path, chosen: list[Assignment]) -> Path:
-    """nbgrader's release and gradebook for `chosen`, regenerated only when a source notebook changed."""
+def _template(chosen: list[Assignment]) -> Path:
+    """nbgrader's release and gradebook for `chosen`, generated once per version of their sources.
+
+    Kept under build/grading-templates/<hash>, shared by every grading run (workers only read it).
+    """
     digest = hashlib.sha256((Path(__file__).parent / "nbgrader_config.py").read_bytes())
     for assignment in chosen:
         digest.update(assignment.name.encode() + assignment.source.read_bytes())
-    stamp = folder / "sources.sha256"
-    if stamp.exists() and stamp.read_text() == digest.hexdigest():
-        return folder
-    shutil.rmtree(folder, ignore_errors=True)
-    generate(folder, chosen)
-    stamp.write_text(digest.hexdigest())
+    folder = TEMPLATES / digest.hexdigest()[:16]
+    if not folder.exists():
+        partial = Path(tempfile.mkdtemp(prefix="partial-", dir=_mkdir(TEMPLATES)))
+        generate(partial, chosen)
+        try:
+            partial.rename(folder)
+        except OSError:  # another run made it first
+            shutil.rmtree(partial, ignore_errors=True)
     return folder
 
 

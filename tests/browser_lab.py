@@ -242,7 +242,7 @@ def student_experience_problems(cells: list[CellRun]) -> list[str]:
 
 # ---------------------------------------------------------------- the page
 
-NOTEBOOK_JS = "(() => { const w = window.jupyterapp.shell.currentWidget; return w && w.content && w.content.model ? w : null; })()"
+NOTEBOOK_JS = "(() => { const w = window.jupyterapp.shell.currentWidget; return w && !w.isDisposed && w.context && w.content && w.content.model ? w : null; })()"
 
 JS_KERNEL_READY = f"""() => {{
   const w = {NOTEBOOK_JS};

@@ -106,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     selftest.add_argument("--timeout", type=int, default=30, help="seconds per cell")
     selftest.add_argument("--keep", type=Path, help="write the class and grades here (default: a temp folder)")
     selftest.set_defaults(run=_selftest)
+    from grader.demo import add_demo_command
+    add_demo_command(commands)
     return parser
 
 

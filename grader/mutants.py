@@ -63,6 +63,15 @@ def reference_answers(assignment: Assignment) -> dict[str, str]:
     }
 
 
+def reference_function(assignment_name: str, answer_cell: str, name: str, namespace: dict | None = None):
+    """A function defined by a reference answer, for instructor scripts and tests that need the real thing."""
+    from grader.course import assignment_named
+
+    scope = dict(namespace or {})
+    exec(reference_answers(assignment_named(assignment_name))[answer_cell], scope)
+    return scope[name]
+
+
 def build_submission(assignment: Assignment, answers: dict[str, str]) -> nbformat.NotebookNode:
     """The released notebook with the given answer cells filled in, as a student would hand it in."""
     nb = nbformat.read(assignment.release, as_version=4)

@@ -2,14 +2,16 @@
 
 CUDA kernels run asynchronously: a Python timer around a CUDA call measures the launch, not the
 work. `time_call` synchronises (CUDA events on a GPU, `perf_counter` on the CPU, where every call
-is synchronous). `measure_precision` trains the same model for a few steps under one autocast
-dtype and reports time per step, peak memory (CUDA only: torch has no allocator statistics for the
-CPU) and the final loss; `scripts/gpu_check.py` and notebook 06 both build their tables with it.
+is synchronous). `measure_precision` trains the same model for a few steps of a given AMP step
+function (notebook 06's `amp_train_step`, the student's own) under one autocast dtype and reports
+time per step, peak memory (CUDA only: torch has no allocator statistics for the CPU) and the final
+loss; `scripts/gpu_check.py` and notebook 06 both build their tables with it.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -64,7 +66,12 @@ class PrecisionRow:
     skipped_steps: int
 
 
+# amp_train_step(model, batch, loss_fn, optimizer, scaler, device, dtype) -> loss (notebook 06's contract)
+AmpStep = Callable[..., float]
+
+
 def measure_precision(
+    train_step: AmpStep,
     device: torch.device,
     dtype: torch.dtype | None,
     *,
@@ -74,10 +81,10 @@ def measure_precision(
     depth: int = 3,
     seed: int = 0,
 ) -> PrecisionRow:
-    """Train `make_mlp` for `steps` Adam steps under autocast(`dtype`) (None = plain fp32) and measure it (notebook 06).
+    """Train `make_mlp` for `steps` Adam steps of `train_step` under autocast(`dtype`) (None = fp32) and measure it (notebook 06).
 
-    fp16 uses a GradScaler (the scale guards against underflow); bf16 has fp32's exponent range and
-    needs none. Parameters stay fp32 in every row.
+    fp16 gets an enabled GradScaler (the scale guards against underflow); bf16 has fp32's exponent
+    range and fp32 needs no scaling, so theirs is disabled. Parameters stay fp32 in every row.
     """
     model = make_mlp(width, depth, seed=seed).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -88,15 +95,13 @@ def measure_precision(
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     skipped = 0
 
-    def step() -> torch.Tensor:
+    def step() -> float:
         nonlocal skipped
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            loss = loss_fn(model(X), y)
         before = scaler.get_scale() if scaler.is_enabled() else 1.0
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
+        with warnings.catch_warnings():
+            # the fp32 row asks autocast for float32, which it switches off with a warning: wanted here
+            warnings.filterwarnings("ignore", message=".*autocast.*")
+            loss = train_step(model, (X, y), loss_fn, optimizer, scaler, device, dtype or torch.float32)
         if scaler.is_enabled() and scaler.get_scale() < before:
             skipped += 1
         return loss

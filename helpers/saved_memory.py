@@ -44,11 +44,8 @@ class SavedTensorMeter:
 
     def live_bytes(self) -> int:
         """Bytes of the distinct storages saved for backward that some graph still holds."""
-        storages = {}
-        for saved in list(self._live):
-            storage = saved.tensor.untyped_storage()
-            storages[storage.data_ptr()] = storage.nbytes()
-        return sum(storages.values())
+        distinct = {s.data_ptr(): s.nbytes() for s in (saved.tensor.untyped_storage() for saved in list(self._live))}
+        return sum(distinct.values())
 
     def live_count(self) -> int:
         """How many saved tensors (not storages) graphs still hold."""

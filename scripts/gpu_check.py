@@ -32,7 +32,11 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 from helpers.distributed import run_torchrun, write_script  # noqa: E402
+from grader.mutants import reference_function  # noqa: E402
 from helpers.precision import measure_precision, time_call  # noqa: E402
+
+# notebook 06's reference answer; helpers/ must not carry it (students receive helpers/)
+amp_train_step = reference_function("06_mixed_precision", "amp_train_step_answer", "amp_train_step", {"torch": torch})
 
 FAILURES: list[str] = []
 REPORT: dict[str, object] = {}
@@ -57,7 +61,7 @@ def check_06(device: torch.device, big: bool) -> None:
         if dtype == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
             print("  bf16 autocast: SKIPPED — this GPU does not support bf16")
             continue
-        rows.append(measure_precision(device, dtype, **size))
+        rows.append(measure_precision(amp_train_step, device, dtype, **size))
     print(f"  {'setting':>28} | {'ms/step':>8} | {'peak MiB':>9} | {'final loss':>10} | skipped")
     for r in rows:
         peak = f"{r.peak_mib:9.1f}" if r.peak_mib is not None else "      n/a"

@@ -7,9 +7,12 @@ import time
 import pytest
 import torch
 
+from grader.mutants import reference_function
 from helpers.precision import PrecisionRow, make_mlp, measure_precision, synchronize, time_call
 
 CPU = torch.device("cpu")
+# the reference answer of notebook 06: helpers must not carry it (students receive helpers/)
+amp_train_step = reference_function("06_mixed_precision", "amp_train_step_answer", "amp_train_step", {"torch": torch})
 
 
 def test_synchronize_is_a_noop_on_cpu():
@@ -38,7 +41,7 @@ def test_make_mlp_is_seeded_and_shaped():
 
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16, torch.float16])
 def test_measure_precision_row_on_cpu(dtype):
-    row = measure_precision(CPU, dtype, steps=2, batch=16, width=16, depth=2)
+    row = measure_precision(amp_train_step, CPU, dtype, steps=2, batch=16, width=16, depth=2)
     assert isinstance(row, PrecisionRow)
     assert row.device == "cpu" and row.peak_mib is None
     assert row.ms_per_step > 0 and row.skipped_steps == 0
@@ -47,6 +50,6 @@ def test_measure_precision_row_on_cpu(dtype):
 
 
 def test_measure_precision_lowers_the_loss():
-    start = measure_precision(CPU, None, steps=1, batch=32, width=16, depth=2)
-    longer = measure_precision(CPU, None, steps=20, batch=32, width=16, depth=2)
+    start = measure_precision(amp_train_step, CPU, None, steps=1, batch=32, width=16, depth=2)
+    longer = measure_precision(amp_train_step, CPU, None, steps=20, batch=32, width=16, depth=2)
     assert longer.final_loss < start.final_loss

@@ -189,6 +189,17 @@ def bound_names(source: str) -> set[str]:
 
 
 MISSING_NAME = re.compile(r"name '(\w+)' is not defined")
+# An exception line "NotImplementedError" or "NotImplementedError: …" inside a quoted traceback, with any
+# "[rank 1] [rank1]: " prefix a launcher puts in front of a worker's output.
+QUOTED_NIE = re.compile(r"^(?:\[[^\]]*\]:?\s*)*NotImplementedError(?::.*)?\s*$", re.M)
+
+
+def is_not_implemented(ename: str, evalue: str | None) -> bool:
+    """The blank answer's error: NotImplementedError itself, or an error that reports a worker process's
+    traceback ending in NotImplementedError (e.g. helpers.distributed's TorchrunError)."""
+    if ename == "NotImplementedError":
+        return True
+    return bool(evalue) and "Traceback (most recent call last)" in evalue and bool(QUOTED_NIE.search(evalue))
 
 
 @dataclass
@@ -207,7 +218,9 @@ def student_experience_problems(cells: list[CellRun]) -> list[str]:
     The rule, precisely: the *first exercise* is the first answer (`solution: true`) or test
     (`grade: true`) cell.
       1. Every code cell before the first exercise runs without an error output.
-      2. Every test cell fails, and only with NotImplementedError (the blank answer's).
+      2. Every test cell fails, and only with NotImplementedError (the blank answer's). An error that
+         reports a worker process's traceback ending in NotImplementedError (a notebook that runs the
+         answer under torchrun gets TorchrunError with the ranks' output) counts as NotImplementedError.
       3. Answer cells and every other cell after the first exercise may fail only with
          NotImplementedError, or with a NameError for a name that an earlier *failed* cell binds at
          top level (that cell stopped before defining it) — transitively, so a failure caused by a
@@ -228,7 +241,7 @@ def student_experience_problems(cells: list[CellRun]) -> list[str]:
         if cell.kind == "test" and not cell.errors:
             problems.append(f"{where}: the test passes on the blank released notebook")
         for ename, evalue in cell.errors:
-            if ename == "NotImplementedError":
+            if is_not_implemented(ename, evalue):
                 continue
             missing = MISSING_NAME.search(evalue or "")
             if ename == "NameError" and missing and missing.group(1) in undefined and cell.kind != "test":
@@ -283,7 +296,8 @@ JS_CELLS = f"""() => {{
     out.push({{index: i, type: j.cell_type, source: Array.isArray(j.source) ? j.source.join('') : j.source,
       metadata: j.metadata || {{}}, execution_count: j.execution_count === undefined ? null : j.execution_count,
       outputs: (j.outputs || []).map(o => ({{output_type: o.output_type, ename: o.ename || null,
-        evalue: o.evalue || null, mimes: o.data ? Object.keys(o.data) : []}}))}});
+        evalue: o.evalue || null, mimes: o.data ? Object.keys(o.data) : [],
+        svg: o.data && o.data['image/svg+xml'] ? [].concat(o.data['image/svg+xml']).join('') : null}}))}});
   }}
   return out;
 }}"""
@@ -309,6 +323,27 @@ JS_PLOT_CHANGED = f"""([i, before]) => {{
   const img = ({NOTEBOOK_JS}).content.widgets[i].node.querySelector('.widget-output img, .jp-OutputArea-output img');
   return !!img && img.complete && img.naturalWidth > 0 && img.getAttribute('src') !== before;
 }}"""
+
+
+def svg_clipping(svg: str) -> str | None:
+    """Why a graphviz SVG draws beyond its own viewBox (the browser then crops it), or None when it fits.
+
+    graphviz writes `<g id="graph0" transform="scale(s s) … translate(4 H-4)">` around a drawing
+    H units high; the drawing needs s·H units of the viewBox. graphviz 2.42 with a `dpi` other than 72
+    scales the drawing by s = dpi/72 but leaves the viewBox at H: the graph shows cropped.
+    """
+    view = re.search(r'viewBox="([-\d.]+) ([-\d.]+) ([\d.]+) ([\d.]+)"', svg)
+    group = re.search(r'<g id="graph0"[^>]*transform="scale\(([\d.]+)(?: ([\d.]+))?\)[^"]*translate\(([-\d.]+) ([-\d.]+)\)', svg)
+    if not view or not group:
+        return None
+    width, height = float(view.group(3)), float(view.group(4))
+    sx = float(group.group(1))
+    sy = float(group.group(2) or sx)
+    drawn = sy * (float(group.group(4)) + 4)
+    if drawn > height * 1.02:
+        return (f"the drawing is scaled by {sx:g}×{sy:g} but the viewBox is {width:g}×{height:g}: "
+                f"it needs {drawn:.0f} units of height, so the browser crops it (graphviz `dpi` in SVG output?)")
+    return None
 
 
 def image_bytes(src: str | None) -> bytes:
@@ -385,7 +420,8 @@ class LabPage:
         return self.page.evaluate(JS_SLIDERS, index)
 
     def move_slider(self, index: int, timeout_ms: int = 60_000) -> dict:
-        """Drag the first slider of cell `index` a quarter of its track; time until its plot is redrawn."""
+        """Drag the first slider of cell `index` a quarter of its track and time its plot's redraw; then drag it
+        back to where it started and compare the plot with the one the cell drew when it ran."""
         self.scroll_to(index, output=True)
         cell = self.page.locator(".jp-Notebook .jp-Cell").nth(index)
         handle, track = cell.locator(".noUi-handle").first, cell.locator(".noUi-base").first
@@ -396,16 +432,38 @@ class LabPage:
         x, y = h["x"] + h["width"] / 2, h["y"] + h["height"] / 2
         fraction = (x - t["x"]) / t["width"]
         target = x + (-0.25 if fraction > 0.5 else 0.25) * t["width"]
-        self.page.mouse.move(x, y)
-        self.page.mouse.down()
-        self.page.mouse.move(target, y, steps=8)
-        began = time.perf_counter()
-        self.page.mouse.up()
-        self.page.wait_for_function(JS_PLOT_CHANGED, arg=[index, src_before], timeout=timeout_ms, polling="raf")
-        redraw = time.perf_counter() - began
-        src_after = self.page.evaluate(JS_PLOT_SRC, index)
-        return {"redraw_s": redraw, "value_before": value_before, "value_after": handle.get_attribute("aria-valuenow"),
-                "plot_changed": src_before is not None and image_bytes(src_before) != image_bytes(src_after)}
+
+        def drag(src_from: str | None, x0: float, x1: float) -> float:
+            self.page.mouse.move(x0, y)
+            self.page.mouse.down()
+            self.page.mouse.move(x1, y, steps=8)
+            began = time.perf_counter()
+            self.page.mouse.up()
+            self.page.wait_for_function(JS_PLOT_CHANGED, arg=[index, src_from], timeout=timeout_ms, polling="raf")
+            return time.perf_counter() - began
+
+        readout = cell.locator(".widget-slider .widget-readout").first
+        readout_before = readout.inner_text().strip()
+        redraw = drag(src_before, x, target)
+        src_moved = self.page.evaluate(JS_PLOT_SRC, index)
+        value_moved = handle.get_attribute("aria-valuenow")
+        back_redraw = drag(src_moved, target, x)
+        restored_by = "drag"
+        if readout.inner_text().strip() != readout_before and readout.get_attribute("contenteditable") == "true":
+            # Dragging snaps to the step grid (0.5 comes back as 0.501): type the start value instead.
+            src_dragged = self.page.evaluate(JS_PLOT_SRC, index)
+            readout.click()
+            self.page.keyboard.press("Control+A")
+            self.page.keyboard.type(readout_before)
+            self.page.keyboard.press("Enter")
+            self.page.wait_for_function(JS_PLOT_CHANGED, arg=[index, src_dragged], timeout=timeout_ms, polling="raf")
+            restored_by = "typed into the readout"
+        src_back = self.page.evaluate(JS_PLOT_SRC, index)
+        same_value = readout.inner_text().strip() == readout_before
+        return {"redraw_s": redraw, "back_redraw_s": back_redraw, "value_before": readout_before,
+                "value_moved": value_moved, "value_back": readout.inner_text().strip(), "restored_by": restored_by,
+                "plot_changed": src_before is not None and image_bytes(src_before) != image_bytes(src_moved),
+                "plot_restored": (image_bytes(src_back) == image_bytes(src_before)) if same_value else None}
 
     def scroll_to(self, index: int, output: bool = False) -> None:
         """Scroll cell `index` (or, with `output`, its output area when it has one) to the top of the view."""

@@ -475,6 +475,15 @@ class LabPage:
           if (scroller) scroller.scrollTop -= 24;   // keep the first line clear of the toolbar
         }}""", [index, output])
         self.page.wait_for_timeout(300)
+        # Cells above render and change height as they come into view (content-visibility): scroll again.
+        self.page.evaluate(f"""([i, output]) => {{
+          const node = ({NOTEBOOK_JS}).content.widgets[i].node;
+          const target = (output && node.querySelector('.jp-Cell-outputWrapper .jp-OutputArea-child')) || node;
+          target.scrollIntoView({{block: 'start'}});
+          const scroller = target.closest('.jp-WindowedPanel-outer');
+          if (scroller) scroller.scrollTop -= 24;
+        }}""", [index, output])
+        self.page.wait_for_timeout(300)
 
     def presentation_mode(self) -> dict:
         """Toggle View → Appearance → Presentation Mode; the shell's class and the code font size."""

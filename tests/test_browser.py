@@ -220,9 +220,8 @@ def test_released_notebook_student_experience(lab, path):
             cells = page.cells()
             code = [c for c in cells if c["type"] == "code"]
             failed = [c["index"] for c in code if _errors(c)]
-            waiting = [c["index"] for c in code if c["execution_count"] is None
-                       and (not failed or c["index"] > failed[-1])]
-            if not failed or not waiting or resumes > len(code):
+            waiting = [c["index"] for c in code if c["execution_count"] is None and failed and c["index"] > failed[0]]
+            if not waiting or resumes > len(code):
                 break
             page.select_cell(waiting[0])   # the student carries on below the failed cell
             run_s += page.run("Run Selected Cell and All Below")

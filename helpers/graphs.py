@@ -40,6 +40,6 @@ def draw_graph(
     from torchviz import make_dot  # imported here: torchviz is optional until a graph is drawn
 
     graph = make_dot(output, params=dict(params or {}), show_attrs=show_saved, show_saved=show_saved)
-    graph.graph_attr.update(size=size, dpi="110")
+    graph.graph_attr.update(size=size)  # no dpi: graphviz would scale the SVG drawing past its viewBox
     graph.node_attr.update(fontsize="14")
     return graph

@@ -157,6 +157,18 @@ def _execution_notes(nb: nbformat.NotebookNode) -> list[str]:
     return notes
 
 
+_FORKSERVER: sandbox.ForkServer | None = None
+
+
+def _forkserver() -> sandbox.ForkServer:
+    """This worker's fork server, started on first use and kept for every later submission."""
+    global _FORKSERVER
+    if _FORKSERVER is None:
+        _FORKSERVER = sandbox.ForkServer()
+        os.environ[sandbox.FORKSERVER_ENV] = str(_FORKSERVER.control)
+    return _FORKSERVER
+
+
 def grade(spec: Spec) -> Result:
     """Grade one submission; every failure becomes a status note, never an exception."""
     released_path = Path(spec.template) / "release" / spec.assignment / spec.notebook
@@ -201,8 +213,7 @@ def grade(spec: Spec) -> Result:
         (course / "exchange").mkdir()
         if spec.sandbox:
             # The kernel talks over Unix sockets in a folder the sandbox binds: TCP cannot cross --unshare-net.
-            runtime = course / "runtime"
-            runtime.mkdir()
+            runtime = _forkserver().next_runtime()
             os.environ["JUPYTER_RUNTIME_DIR"] = str(runtime)
             config.Execute.kernel_name = sandbox.KERNEL_NAME
             config.KernelManager.transport = "ipc"
@@ -248,10 +259,14 @@ def main() -> int:
     # here inherit it) goes to the log on stderr instead.
     channel = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
-    for line in sys.stdin:
-        grade_to_file(Path(line.strip()))
-        channel.write("done\n")
-        channel.flush()
+    try:
+        for line in sys.stdin:
+            grade_to_file(Path(line.strip()))
+            channel.write("done\n")
+            channel.flush()
+    finally:
+        if _FORKSERVER is not None:
+            _FORKSERVER.close()
     return 0
 
 

@@ -26,7 +26,7 @@ from grader.selftest import Expected, mismatches, put
 
 pytestmark = pytest.mark.slow
 ONE = "01_gradient_descent"
-TIMEOUT = "30"
+TIMEOUT = "10"  # seconds per cell: the slowest reference cell takes under 1 s
 
 
 def _cells(nb):
@@ -202,6 +202,37 @@ def test_an_interrupted_batch_resumes_without_regrading(graded_class):
     assert (resumed / "grades.csv").read_text() == (out / "grades.csv").read_text()
     assert (results / "correct-0" / f"{ONE}.json").stat().st_mtime_ns == kept
     assert (results / "blank" / f"{ONE}.fingerprint").exists()
+
+
+def test_a_kernel_leaves_nothing_behind_for_the_next_student(tmp_path):
+    """One worker grades all three in order: traps set by the first must not reach the second or stop the third."""
+    a = assignment_named(ONE)
+    full = a.grade_cells()
+    shared = "glob.glob('/tmp/work') + glob.glob('/dev/shm') + glob.glob('/tmp/forkserver-*/runtime')"
+    traps = (
+        "import glob, os, signal, subprocess\n"
+        f"for folder in {shared}:\n"
+        "    open(os.path.join(folder, 'planted'), 'w').write('x')\n"
+        "subprocess.Popen(['python', '-c', 'import time\\nwhile True: time.sleep(0.1)'], start_new_session=True)\n"
+        "for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGSTOP, signal.SIGKILL):\n"
+        "    os.kill(1, sig)  # the fork server, PID 1 of the sandbox\n"
+    )
+    look = (
+        "import glob, os\n"
+        f"leftover = [f for folder in {shared} for f in glob.glob(os.path.join(folder, 'planted'))]\n"
+        "leftover += [p for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, os.getpid())]\n"
+    )
+    cls = tmp_path / "class"
+    put(cls, "a-sets-traps", a, with_code("mse_grad_answer", traps))
+    put(cls, "b-finds-traps", a, with_answer("mse_grad_answer", look + earns_only_if("leftover")))
+    put(cls, "c-correct", a, reference_submission(a))
+    autograde(cls, tmp_path / "out", "--timeout", TIMEOUT, "--jobs", "1")
+    expected = {
+        ("a-sets-traps", ONE): Expected(full, "ok"),
+        ("b-finds-traps", ONE): Expected({**full, "mse_grad": 0.0, "gradient_descent": 0.0}, "ok"),
+        ("c-correct", ONE): Expected(full, "ok"),
+    }
+    assert mismatches(read_rows(tmp_path / "out"), expected) == []
 
 
 def test_grading_refuses_without_the_sandbox(tmp_path, monkeypatch):

@@ -196,7 +196,7 @@ QUOTED_NIE = re.compile(r"^(?:\[[^\]]*\]:?\s*)*NotImplementedError(?::.*)?\s*$",
 
 def is_not_implemented(ename: str, evalue: str | None) -> bool:
     """The blank answer's error: NotImplementedError itself, or an error that reports a worker process's
-    traceback ending in NotImplementedError (e.g. helpers.distributed's TorchrunError)."""
+    traceback ending in NotImplementedError (e.g. helpers.distributed's LaunchError)."""
     if ename == "NotImplementedError":
         return True
     return bool(evalue) and "Traceback (most recent call last)" in evalue and bool(QUOTED_NIE.search(evalue))
@@ -220,7 +220,7 @@ def student_experience_problems(cells: list[CellRun]) -> list[str]:
       1. Every code cell before the first exercise runs without an error output.
       2. Every test cell fails, and only with NotImplementedError (the blank answer's). An error that
          reports a worker process's traceback ending in NotImplementedError (a notebook that runs the
-         answer under torchrun gets TorchrunError with the ranks' output) counts as NotImplementedError.
+         answer under torchrun gets LaunchError with the ranks' output) counts as NotImplementedError.
       3. Answer cells and every other cell after the first exercise may fail only with
          NotImplementedError, or with a NameError for a name that an earlier *failed* cell binds at
          top level (that cell stopped before defining it) — transitively, so a failure caused by a

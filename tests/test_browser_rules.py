@@ -18,8 +18,8 @@ def test_not_implemented_includes_a_workers_quoted_traceback():
     quoted = ("torchrun exited with status 1; last output:\n[rank 1] [rank1]: Traceback (most recent call last):\n"
               "[rank 1] [rank1]:     raise NotImplementedError()\n[rank 1] [rank1]: NotImplementedError")
     assert is_not_implemented("NotImplementedError", "")
-    assert is_not_implemented("TorchrunError", quoted)
-    assert not is_not_implemented("TorchrunError", "torchrun exited with status 1; last output: ValueError: x")
+    assert is_not_implemented("LaunchError", quoted)
+    assert not is_not_implemented("LaunchError", "torchrun exited with status 1; last output: ValueError: x")
     assert not is_not_implemented("ValueError", "Traceback (most recent call last):\n  raise NotImplementedError()\nValueError")
 
 

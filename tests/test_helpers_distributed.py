@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
@@ -12,9 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers.distributed import (
-    TorchrunError,
+    LaunchError,
     free_port,
     function_source,
+    run_ranks,
     run_torchrun,
     torchrun_command,
     write_script,
@@ -48,7 +50,7 @@ def test_function_source_round_trips():
 
 
 def test_function_source_explains_missing_source():
-    with pytest.raises(TorchrunError, match="could not read the source"):
+    with pytest.raises(LaunchError, match="could not read the source"):
         function_source(len)
 
 
@@ -96,28 +98,94 @@ def test_failure_raises_with_output_tail(tmp_path: Path):
         print("about to fail", flush=True)
         raise SystemExit(3)
     """, tmp_path)
-    with pytest.raises(TorchrunError, match="about to fail"):
+    with pytest.raises(LaunchError, match="about to fail"):
         run_torchrun(script, nproc=2, timeout=120, echo=False)
     result = run_torchrun(script, nproc=1, timeout=120, echo=False, check=False)
     assert result.returncode != 0
 
 
-@pytest.mark.slow
-def test_timeout_stops_every_rank(tmp_path: Path):
+def _sleeper(tmp_path: Path) -> tuple[Path, Path]:
+    """A script whose every rank records its PID and sleeps; the folder the PIDs go to."""
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
     script = write_script(f"""
         import os, time
         open(os.path.join({str(pid_dir)!r}, str(os.getpid())), "w").close()
-        print(f"[rank {{os.environ['RANK']}}] sleeping", flush=True)
+        print(f"rank {{os.environ['RANK']}} sleeping", flush=True)
         time.sleep(600)
     """, tmp_path)
-    start = time.perf_counter()
-    with pytest.raises(TorchrunError, match="ran past"):
-        run_torchrun(script, nproc=2, timeout=12, echo=False)
-    assert time.perf_counter() - start < 40
+    return script, pid_dir
+
+
+def _assert_all_stopped(pid_dir: Path, nproc: int) -> None:
     pids = [int(p.name) for p in pid_dir.iterdir()]
-    assert len(pids) == 2
+    assert len(pids) == nproc
     time.sleep(0.5)
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+@pytest.mark.slow
+def test_timeout_stops_every_rank(tmp_path: Path):
+    script, pid_dir = _sleeper(tmp_path)
+    start = time.perf_counter()
+    with pytest.raises(LaunchError, match="ran past"):
+        run_torchrun(script, nproc=2, timeout=12, echo=False)
+    assert time.perf_counter() - start < 40
+    _assert_all_stopped(pid_dir, 2)
+
+
+ENV_SCRIPT = """
+    import json, os
+    print("ENV " + json.dumps({k: os.environ.get(k) for k in %r}))
+"""
+CORE = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
+        "GROUP_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT"]
+
+
+@pytest.mark.slow
+def test_run_ranks_sets_what_torchrun_sets(tmp_path: Path):
+    script = write_script(ENV_SCRIPT % CORE, tmp_path)
+    seen = {}
+    for name, launch in (("torchrun", run_torchrun), ("forked", run_ranks),
+                         ("fresh", lambda *a, **k: run_ranks(*a, fork=False, **k))):
+        result = launch(script, nproc=2, timeout=120, echo=False)
+        seen[name] = [json.loads(result.lines_from_rank(r)[0][len("ENV "):]) for r in (0, 1)]
+    for name in ("forked", "fresh"):
+        for rank in (0, 1):
+            ours, theirs = seen[name][rank], seen["torchrun"][rank]
+            assert {k: v for k, v in ours.items() if k not in ("MASTER_ADDR", "MASTER_PORT")} == \
+                   {k: v for k, v in theirs.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}, name
+            assert ours["MASTER_PORT"] == seen[name][0]["MASTER_PORT"]  # every rank meets at rank 0's port
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fork", [True, False])
+def test_run_ranks_all_reduce_and_a_failing_rank_stops_its_peer(tmp_path: Path, capsys, fork: bool):
+    script = write_script("""
+        import sys, torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        t = torch.tensor([float(dist.get_rank() + 1)])
+        dist.all_reduce(t)
+        print(f"sum={t.item():g}")
+        if sys.argv[1] == "fail" and dist.get_rank() == 1:
+            raise ValueError("rank 1 gives up")
+        dist.barrier()  # rank 0 would wait here for ever
+        dist.destroy_process_group()
+    """, tmp_path)
+    result = run_ranks(script, nproc=2, script_args=["ok"], timeout=120, fork=fork)
+    assert [result.lines_from_rank(r) for r in (0, 1)] == [["sum=3"], ["sum=3"]]
+    assert "[rank 1] sum=3" in capsys.readouterr().out
+    start = time.perf_counter()
+    with pytest.raises(LaunchError, match=r"rank 1 exited with status 1(.|\n)*ValueError: rank 1 gives up") as info:
+        run_ranks(script, nproc=2, script_args=["fail"], timeout=120, echo=False, fork=fork)
+    assert time.perf_counter() - start < 30
+    assert "rank_server.py" not in str(info.value) and "runpy" not in str(info.value)  # the script's frames only
+
+
+@pytest.mark.slow
+def test_run_ranks_timeout_stops_every_rank(tmp_path: Path):
+    script, pid_dir = _sleeper(tmp_path)
+    with pytest.raises(LaunchError, match="the ranks ran past 3 s"):
+        run_ranks(script, nproc=2, timeout=3, echo=False)
+    _assert_all_stopped(pid_dir, 2)

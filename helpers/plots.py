@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Callable, Mapping, Sequence
 
@@ -27,6 +28,16 @@ LECTURE_STYLE: dict[str, object] = {
 def use_lecture_style() -> None:
     """Large fonts and thick lines for every later figure; call once per notebook (notebook 01)."""
     plt.rcParams.update(LECTURE_STYLE)
+
+
+def show_figure(fig: plt.Figure) -> None:
+    """Show `fig` as one PNG render, skipping the inline backend's second, cropping pass: for slider callbacks (notebook 01)."""
+    from IPython.display import Image, display
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    display(Image(data=buffer.getvalue()))
 
 
 def _finite_prefix(values: Sequence[float]) -> list[float]:

@@ -178,10 +178,11 @@ def _child_env(threads_per_process: int, env: Mapping[str, str] | None) -> dict[
 
 
 def _stream(processes: list[subprocess.Popen[bytes]], label: Callable[[int, str], str], timeout: float,
-            echo: bool, stop_on_failure: bool) -> tuple[str, bool]:
+            echo: bool, stop_on_failure: bool) -> tuple[str, bool, list[int]]:
     """Collect the processes' output line by line, each line passed through `label(index, line)`.
 
-    Returns (everything printed, whether the time ran out). With `stop_on_failure`, the first
+    Returns everything printed, whether the time ran out, and the processes' indices in the order
+    their output closed (the order they exited in). With `stop_on_failure`, the first
     process to exit non-zero stops the others, as torchrun's agent does: a rank left waiting in
     a collective for a dead peer would otherwise hang until the timeout.
     """
@@ -189,6 +190,7 @@ def _stream(processes: list[subprocess.Popen[bytes]], label: Callable[[int, str]
     readers = {p.stdout.fileno(): i for i, p in enumerate(processes) if p.stdout is not None}
     pending = {fd: "" for fd in readers}
     lines: list[str] = []
+    closed: list[int] = []
     timed_out = False
 
     def emit(text: str) -> None:
@@ -211,7 +213,7 @@ def _stream(processes: list[subprocess.Popen[bytes]], label: Callable[[int, str]
                 if not data:
                     if pending[fd]:
                         emit(label(readers[fd], pending[fd]) + "\n")
-                    del readers[fd]
+                    closed.append(readers.pop(fd))
                     continue
                 pending[fd] += data.decode("utf-8", errors="replace")
                 *complete, pending[fd] = pending[fd].split("\n")
@@ -230,7 +232,7 @@ def _stream(processes: list[subprocess.Popen[bytes]], label: Callable[[int, str]
         process.wait()
         if process.stdout is not None:
             process.stdout.close()
-    return "".join(lines), timed_out
+    return "".join(lines), timed_out, closed
 
 
 def _finish(what: str, returncode: int, output: str, timed_out: bool, seconds: float, command: list[str],
@@ -274,7 +276,7 @@ def run_torchrun(
         # A line a rank left unfinished (a progress bar's carriage returns) ends where the next prefix starts.
         return _ROLE_PREFIX_MIDLINE.sub(r"\n[rank \1] ", _ROLE_PREFIX.sub(r"[rank \1] ", line)).lstrip("\n")
 
-    output, timed_out = _stream([process], label, timeout, echo, stop_on_failure=False)
+    output, timed_out, _ = _stream([process], label, timeout, echo, stop_on_failure=False)
     logs.cleanup()
     return _finish("torchrun", process.returncode, output, timed_out, time.perf_counter() - start, command,
                    check, timeout)
@@ -328,14 +330,18 @@ def run_ranks(
         # A progress bar redraws with carriage returns: show each state on its own line.
         return "\n".join(f"[rank {rank}] {part}" for part in line.split("\r") if part.strip()) or f"[rank {rank}] "
 
-    output, timed_out = _stream(processes, label, timeout, echo, stop_on_failure=True)
+    output, timed_out, closed = _stream(processes, label, timeout, echo, stop_on_failure=True)
     seconds = time.perf_counter() - start
     codes = [p.returncode for p in processes]
-    # A rank that exited by itself failed first; the others were stopped because of it (negative codes).
-    failed = [c for c in codes if c > 0] or [c for c in codes if c != 0]
+    # The rank that failed first explains the failure: its peers then fail too (a broken connection) or are
+    # stopped (negative codes). Ranks are taken in the order they exited.
+    order = closed + [i for i in range(len(processes)) if i not in closed]
+    failed = [i for i in order if codes[i] > 0] or [i for i in order if codes[i] != 0]
     if timed_out or not failed:
-        return _finish("the ranks", failed[0] if failed else 0, output, timed_out, seconds, command, check, timeout)
-    culprit = codes.index(failed[0])
+        return _finish("the ranks", codes[failed[0]] if failed else 0, output, timed_out, seconds, command, check,
+                       timeout)
+    culprit = failed[0]
     # The failing rank's own lines explain the failure; its peers only report the broken connection.
     own = "\n".join(line for line in output.splitlines() if line.startswith(f"[rank {culprit}] "))
-    return _finish(f"rank {culprit}", failed[0], output, timed_out, seconds, command, check, timeout, tail_of=own)
+    return _finish(f"rank {culprit}", codes[culprit], output, timed_out, seconds, command, check, timeout,
+                   tail_of=own)

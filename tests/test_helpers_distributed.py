@@ -163,14 +163,15 @@ def test_run_ranks_sets_what_torchrun_sets(tmp_path: Path):
 @pytest.mark.parametrize("fork", [True, False])
 def test_run_ranks_all_reduce_and_a_failing_rank_stops_its_peer(tmp_path: Path, capsys, fork: bool):
     script = write_script("""
-        import sys, torch, torch.distributed as dist
+        import sys, time, torch, torch.distributed as dist
         dist.init_process_group("gloo")
         t = torch.tensor([float(dist.get_rank() + 1)])
         dist.all_reduce(t)
         print(f"sum={t.item():g}")
-        if sys.argv[1] == "fail" and dist.get_rank() == 1:
-            raise ValueError("rank 1 gives up")
-        dist.barrier()  # rank 0 would wait here for ever
+        if sys.argv[1] == "fail":
+            if dist.get_rank() == 1:
+                raise ValueError("rank 1 gives up")
+            time.sleep(600)  # rank 0 would wait for ever unless the launcher stops it
         dist.destroy_process_group()
     """, tmp_path)
     result = run_ranks(script, nproc=2, script_args=["ok"], timeout=120, fork=fork)

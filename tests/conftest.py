@@ -2,6 +2,7 @@
 
 import csv
 import functools
+import json
 import subprocess
 import sys
 import time
@@ -34,6 +35,25 @@ def read_rows(out):
     }
 
 
+def _save_cell_timings(stem: str, nb, started_at: float, seconds: float) -> None:
+    """test-artifacts/nbclient/<stem>.json: when each cell started and got its reply, in seconds from the start.
+
+    nbclient records the kernel's timestamps in each cell's metadata; kept so that a slow run shows where it waited.
+    """
+    from datetime import datetime
+
+    def offset(stamp):
+        return round(datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() - started_at, 2) if stamp else None
+
+    cells = [{"index": i, "grade_id": c.metadata.get("nbgrader", {}).get("grade_id"),
+              "input": offset(c.metadata.get("execution", {}).get("iopub.execute_input")),
+              "reply": offset(c.metadata.get("execution", {}).get("shell.execute_reply"))}
+             for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    folder = REPO / "test-artifacts" / "nbclient"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{stem}.json").write_text(json.dumps({"seconds": round(seconds, 2), "cells": cells}, indent=1))
+
+
 @functools.cache
 def execute_solution(path: Path) -> tuple[float, tuple[str, ...]]:
     """Run a solution notebook top to bottom with nbclient, once per test session: (seconds, error lines).
@@ -41,10 +61,11 @@ def execute_solution(path: Path) -> tuple[float, tuple[str, ...]]:
     Shared by the execution test and the browser test (which compares its own run time with this one).
     """
     nb = nbformat.read(path, as_version=4)
-    start = time.perf_counter()
+    start, started_at = time.perf_counter(), time.time()
     NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     seconds = time.perf_counter() - start
+    _save_cell_timings(path.stem, nb, started_at, seconds)
     errors = tuple(
         f"cell {i} ({c.metadata.get('nbgrader', {}).get('grade_id', '?')}): {o.ename}: {o.evalue}"
         for i, c in enumerate(nb.cells) if c.cell_type == "code"

@@ -49,7 +49,10 @@ class ForkedRank:
 
 
 class RankServer:
-    """The kernel's side of the helper process: start it, ask it for ranks, hear when they exit (notebook 07)."""
+    """The kernel's side of the helper process: start it, ask it for ranks, hear when they exit (notebook 07).
+
+    The helper exits when the kernel does: its end of the socket pair closes.
+    """
 
     def __init__(self) -> None:
         self.channel, theirs = socket.socketpair()
@@ -99,10 +102,6 @@ class RankServer:
             if rank is not None:
                 rank.returncode = message["code"]
             block = False
-
-    def close(self) -> None:
-        self.channel.close()
-        self.process.wait()
 
 
 def _become_rank(argv: list[str], env: dict[str, str], cwd: str, output: int) -> None:

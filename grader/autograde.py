@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from grader import sandbox
 from grader.course import REPO, Assignment, assignments
+from grader.grading import GradingEnvironmentBroken, plain_kernel_factory, reference_records
 from grader.release import generate
 from grader.submissions import Submission, collect, unpack_zip
 from grader.worker import Result, Spec
@@ -31,19 +32,32 @@ TEMPLATES = REPO / "build" / "grading-templates"
 WORKER_OVERHEAD_S = 120
 
 
+__all__ = ["GradingEnvironmentBroken", "SandboxUnavailable", "autograde", "write_csv"]
+
+
 class SandboxUnavailable(RuntimeError):
     """Raised when untrusted code would run without isolation and the instructor did not accept that."""
 
 
-def _fingerprint(sub: Submission, assignment: Assignment | None, timeout: int, sandboxed: bool) -> str:
-    """Changes whenever the hand-in, the assignment's source or the grading settings change."""
-    digest = hashlib.sha256(f"{sub.student}\0{sub.assignment}\0{timeout}\0{sandboxed}\0{sub.problem}".encode())
+def _code_digest() -> str:
+    """Everything in this checkout that can change a grade: the grader, helpers, the nbgrader config, torch."""
+    import torch
+
+    digest = hashlib.sha256(f"{torch.__version__}\0{sys.version}\0{os.environ.get(sandbox.MEMORY_ENV, '')}".encode())
+    for folder in (REPO / "grader", REPO / "helpers"):
+        for path in sorted(folder.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def _fingerprint(sub: Submission, assignment: Assignment | None, timeout: int, sandboxed: bool, code: str) -> str:
+    """Changes whenever the hand-in, the assignment's source, the grader or the grading settings change."""
+    digest = hashlib.sha256(f"{sub.student}\0{sub.assignment}\0{timeout}\0{sandboxed}\0{sub.problem}\0{code}".encode())
     for path in sub.files:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     if assignment is not None:
         digest.update(assignment.source.read_bytes())
-    for module in ("worker.py", "preprocessors.py", "nbgrader_config.py", "sandbox.py"):
-        digest.update((Path(__file__).parent / module).read_bytes())
     return digest.hexdigest()
 
 
@@ -163,12 +177,17 @@ def autograde(
     env = dict(os.environ)
     # Parallel kernels share the cores: one torch thread per kernel keeps them from fighting.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))
+    # What every hidden observation must be, from the reference solution (raises when it fails here).
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(lambda a: reference_records(known[a], plain_kernel_factory(
+            {"OMP_NUM_THREADS": env["OMP_NUM_THREADS"]}), timeout), graded))
+    code = _code_digest()
     results: list[Result] = []
     pending: list[tuple[Spec, str, float]] = []
     for sub in subs:
         assignment = known.get(sub.assignment)
         result_path = work / "results" / sub.student / f"{sub.assignment}.json"
-        fingerprint = _fingerprint(sub, assignment, timeout, sandboxed)
+        fingerprint = _fingerprint(sub, assignment, timeout, sandboxed, code)
         stamp = result_path.with_suffix(".fingerprint")
         if assignment is None:
             results.append(Result(sub.student, sub.assignment, {}, {}, [sub.problem]))
@@ -192,12 +211,20 @@ def autograde(
             workers.append(local.worker)
         return local.worker.grade(spec, wall)
 
+    broken = ""
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(run, spec, wall): (spec, fp) for spec, fp, wall in pending}
         bar = tqdm(as_completed(futures), total=len(futures), desc="grading", unit="submission", disable=not progress)
         for future in bar:
             spec, fingerprint = futures[future]
             result = future.result()
+            if result.broken:  # the canary failed: stop, and never write a grade for anyone
+                broken = broken or result.broken
+                for other in futures:
+                    other.cancel()
+                continue
+            if broken:
+                continue
             worker_finished = bool(result.max_scores)  # else the worker died: grade it again next run
             result = _zero_filled(result, known[spec.assignment].grade_cells())
             Path(spec.result).write_text(json.dumps(asdict(result), indent=1))
@@ -206,7 +233,11 @@ def autograde(
             results.append(result)
     for worker in workers:
         worker.close()
+    if broken:
+        raise GradingEnvironmentBroken(broken)
     write_csv(results, known, out / "grades.csv")
+    (out / "results.json").write_text(json.dumps([asdict(r) for r in sorted(results, key=lambda r: (r.student, r.assignment))],
+                                                 indent=1))
     return results
 
 

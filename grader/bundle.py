@@ -8,8 +8,7 @@ from pathlib import Path
 import nbformat
 
 from grader.course import NOTEBOOKS, REPO, assignments
-from grader.preprocessors import HIDDEN_BLOCK
-from grader.release import SOLUTION_BLOCK
+from grader.markers import HIDDEN_BLOCK, SOLUTION_BLOCK
 
 SHIPPED_FILES = ["course", "requirements.txt", "environment.yml"]
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints")

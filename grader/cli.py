@@ -29,7 +29,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _autograde(args: argparse.Namespace) -> int:
-    from grader.autograde import SandboxUnavailable, autograde
+    from grader.autograde import GradingEnvironmentBroken, SandboxUnavailable, autograde
 
     if not args.submissions.exists():
         print(f"no such folder or zip: {args.submissions}", file=sys.stderr)
@@ -40,6 +40,9 @@ def _autograde(args: argparse.Namespace) -> int:
     except SandboxUnavailable as err:
         print(f"refusing to grade: {err}", file=sys.stderr)
         return 3
+    except GradingEnvironmentBroken as err:
+        print(f"grading stopped, no grades written: {err}", file=sys.stderr)
+        return 4
     flagged = [r for r in results if r.status]
     print(f"graded {len(results)} submission(s) into {args.out / 'grades.csv'}; "
           f"feedback in {args.out / 'feedback'}; {len(flagged)} with a status note")
@@ -51,16 +54,20 @@ def _autograde(args: argparse.Namespace) -> int:
 def _selftest(args: argparse.Namespace) -> int:
     import tempfile
 
-    from grader.autograde import autograde
+    from grader.autograde import GradingEnvironmentBroken, autograde
     from grader.course import assignment_named, assignments
     from grader.selftest import mismatches, write_selftest_class
 
     chosen = [assignment_named(n) for n in args.assignments] or assignments()
     out = args.keep or Path(tempfile.mkdtemp(prefix="selftest-"))
     expected = write_selftest_class(out / "class", chosen)
-    results = autograde(out / "class", out / "graded", jobs=args.jobs, timeout=args.timeout, force=True)
-    problems = mismatches({(r.student, r.assignment): (r.scores, "; ".join(r.status) or "ok") for r in results},
-                          expected)
+    try:
+        results = autograde(out / "class", out / "graded", jobs=args.jobs, timeout=args.timeout, force=True)
+    except GradingEnvironmentBroken as err:
+        print(f"✗ grading stopped: {err}")
+        return 1
+    problems = mismatches({(r.student, r.assignment): (r.scores, "; ".join(r.status) or "ok", r.messages)
+                           for r in results}, expected)
     for problem in problems:
         print(f"✗ {problem}")
     print(f"{len(expected) - len(problems)} of {len(expected)} self-test submissions graded as expected; "

@@ -4,17 +4,16 @@ Mutants are realistic wrong answers kept as data in grader/mutants/<assignment>.
 
     [[mutant]]
     name = "mse_grad_sign_flipped"          # unique, used as the student id in self-tests
-    exercise = "mse_grad"                   # the test cell (grade id) this mistake is about
+    exercise = "mse_grad"                   # the test cell (grade id) this mistake must cost, and no other
     cell = "mse_grad_answer"                # the answer cell it replaces
-    breaks = ["mse_grad", "gradient_descent"]   # every test cell that must lose its points
-    why = "residual written as y - Xw"
+    why = "residual written as y - Xw"      # the misconception, in plain words
+    says = "the sign is flipped"            # what the grader's message must say about it
     source = '''...'''                      # the wrong answer, as a student would write it
 """
 
 from __future__ import annotations
 
 import copy
-import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +21,9 @@ from pathlib import Path
 import nbformat
 
 from grader.course import Assignment, assignments
+from grader.markers import SOLUTION_MARKER
 
 MUTANTS = Path(__file__).resolve().parent / "mutants"
-MARKER = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*\n", re.M)
 MIN_MUTANTS_PER_EXERCISE = 3
 
 
@@ -35,8 +34,8 @@ class Mutant:
     name: str
     exercise: str
     cell: str
-    breaks: tuple[str, ...]
     why: str
+    says: str
     source: str
 
 
@@ -46,7 +45,8 @@ def load_mutants(assignment: Assignment) -> list[Mutant]:
     if not path.exists():
         return []
     entries = tomllib.loads(path.read_text(encoding="utf-8")).get("mutant", [])
-    return [Mutant(e["name"], e["exercise"], e["cell"], tuple(e["breaks"]), e["why"], e["source"]) for e in entries]
+    return [Mutant(name=e["name"], exercise=e["exercise"], cell=e["cell"], why=e["why"], says=e.get("says", ""),
+                   source=e["source"]) for e in entries]
 
 
 def _grade_info(nb: nbformat.NotebookNode) -> dict[str, dict]:
@@ -57,7 +57,7 @@ def reference_answers(assignment: Assignment) -> dict[str, str]:
     """Answer cell grade_id → the reference solution's source, without the BEGIN/END markers."""
     nb = nbformat.read(assignment.source, as_version=4)
     return {
-        c.metadata.nbgrader["grade_id"]: MARKER.sub("", c.source)
+        c.metadata.nbgrader["grade_id"]: SOLUTION_MARKER.sub("", c.source)
         for c in nb.cells
         if c.metadata.get("nbgrader", {}).get("solution")
     }
@@ -100,11 +100,11 @@ def mutant_submission(assignment: Assignment, group: list[Mutant]) -> nbformat.N
 
 
 def pack_mutants(mutants: list[Mutant]) -> list[list[Mutant]]:
-    """Group mutants into few submissions, never two that touch the same cell or break the same test."""
+    """Group mutants into few submissions, never two that touch the same cell or the same exercise."""
     groups: list[list[Mutant]] = []
     for mutant in mutants:
         for group in groups:
-            if all(m.cell != mutant.cell and not set(m.breaks) & set(mutant.breaks) for m in group):
+            if all(m.cell != mutant.cell and m.exercise != mutant.exercise for m in group):
                 group.append(mutant)
                 break
         else:
@@ -125,8 +125,8 @@ def mutant_problems() -> list[str]:
         for m in mutants:
             if m.cell not in answers:
                 problems.append(f"{assignment.name}: mutant {m.name} replaces unknown answer cell {m.cell!r}")
-            if m.exercise not in m.breaks or not set(m.breaks) <= tests:
-                problems.append(f"{assignment.name}: mutant {m.name} breaks {m.breaks}, which must be test cells including {m.exercise!r}")
+            if m.exercise not in tests:
+                problems.append(f"{assignment.name}: mutant {m.name} names {m.exercise!r}, which is not a test cell")
         for test in sorted(tests):
             count = sum(m.exercise == test for m in mutants)
             if count < MIN_MUTANTS_PER_EXERCISE:

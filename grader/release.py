@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import shutil
 import tempfile
 from collections import Counter
@@ -11,9 +10,7 @@ from pathlib import Path
 import nbformat
 
 from grader.course import NOTEBOOKS, REPO, SOLUTIONS, Assignment, assignments, load_config, nbgrader_api
-from grader.preprocessors import HIDDEN_BLOCK
-
-SOLUTION_BLOCK = re.compile(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", re.S)
+from grader.markers import HIDDEN_BLOCK, SOLUTION_BLOCK
 
 
 def normalize(path: Path) -> None:

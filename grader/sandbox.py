@@ -186,6 +186,22 @@ class ForkServer:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+def kernel_factory(server: ForkServer):
+    """Kernels forked by `server`, one sandboxed kernel per call (grader.harness.Kernel)."""
+    from jupyter_client import KernelManager
+
+    from grader.harness import Kernel
+
+    def start() -> Kernel:
+        runtime = server.next_runtime()
+        # ipc sockets in the folder the sandbox binds: TCP cannot cross --unshare-net.
+        manager = KernelManager(kernel_name=KERNEL_NAME, transport="ipc", ip=str(runtime / "kernel"))
+        manager.connection_file = str(runtime / "host-connection.json")
+        return Kernel(manager, env={**os.environ, FORKSERVER_ENV: str(server.control)})
+
+    return start
+
+
 def _run_in_forkserver(control: str, connection_file: str) -> int:
     """Ask the fork server for a kernel and stay alive as long as it runs: jupyter_client watches this process."""
     _, inside = _connection_inside(connection_file)

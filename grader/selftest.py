@@ -8,7 +8,7 @@ small while each lost point is still attributable).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
@@ -24,6 +24,7 @@ class Expected:
     scores: dict[str, float]
     status: str = "ok"
     why: str = ""
+    says: dict[str, str] = field(default_factory=dict)  # exercise -> what its feedback message must contain
 
 
 def put(root: Path, student: str, assignment: Assignment, nb: nbformat.NotebookNode) -> Path:
@@ -46,10 +47,11 @@ def write_selftest_class(root: Path, chosen: list[Assignment]) -> dict[tuple[str
         for index, group in enumerate(pack_mutants(load_mutants(assignment))):
             student = f"mutants-{index}"
             put(root, student, assignment, mutant_submission(assignment, group))
-            broken = {gid for m in group for gid in m.breaks}
+            broken = {m.exercise: m for m in group}
             expected[student, assignment.name] = Expected(
                 {k: 0.0 if k in broken else v for k, v in full.items()},
-                why=", ".join(f"{m.name} ({m.why})" for m in group))
+                why=", ".join(f"{m.name} ({m.why})" for m in group),
+                says={k: m.says for k, m in broken.items() if m.says})
     # Students who hand in some assignments but not others get a row saying so.
     students = {s for s, _ in expected}
     for assignment in chosen:
@@ -59,14 +61,21 @@ def write_selftest_class(root: Path, chosen: list[Assignment]) -> dict[tuple[str
     return expected
 
 
-def mismatches(rows: dict[tuple[str, str], tuple[dict[str, float], str]], expected: dict[tuple[str, str], Expected]) -> list[str]:
+Row = tuple[dict[str, float], str, dict[str, str]]  # points per exercise, status, message per failed exercise
+
+
+def mismatches(rows: dict[tuple[str, str], Row], expected: dict[tuple[str, str], Expected]) -> list[str]:
     """Every way the graded rows differ from what was expected, in words."""
     problems = []
     for key, want in sorted(expected.items()):
         if key not in rows:
             problems.append(f"{key[0]}/{key[1]}: no row in grades.csv")
             continue
-        scores, status = rows[key]
+        scores, status, messages = rows[key]
+        for exercise, fragment in want.says.items():
+            if fragment not in messages.get(exercise, ""):
+                problems.append(f"{key[0]}/{key[1]}: the message for {exercise} does not say {fragment!r}: "
+                                f"{messages.get(exercise, '')!r}")
         wrong = {k: (scores.get(k), v) for k, v in want.scores.items() if scores.get(k) != v}
         if wrong:
             detail = ", ".join(f"{k} got {got} expected {v}" for k, (got, v) in wrong.items())

@@ -55,17 +55,23 @@ def _save_cell_timings(stem: str, nb, started_at: float, seconds: float) -> None
 
 
 @functools.cache
-def execute_solution(path: Path) -> tuple[float, tuple[str, ...]]:
-    """Run a solution notebook top to bottom with nbclient, once per test session: (seconds, error lines).
-
-    Shared by the execution test and the browser test (which compares its own run time with this one).
-    """
+def executed(path: Path) -> tuple[float, nbformat.NotebookNode]:
+    """A notebook run top to bottom with nbclient, once per test session: (seconds, the executed notebook)."""
     nb = nbformat.read(path, as_version=4)
     start, started_at = time.perf_counter(), time.time()
     NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     seconds = time.perf_counter() - start
-    _save_cell_timings(path.stem, nb, started_at, seconds)
+    _save_cell_timings(f"{path.parent.parent.name}-{path.stem}", nb, started_at, seconds)
+    return seconds, nb
+
+
+def execute_solution(path: Path) -> tuple[float, tuple[str, ...]]:
+    """Run a solution notebook top to bottom (once per session): (seconds, error lines).
+
+    Shared by the execution test and the browser test (which compares its own run time with this one).
+    """
+    seconds, nb = executed(path)
     errors = tuple(
         f"cell {i} ({c.metadata.get('nbgrader', {}).get('grade_id', '?')}): {o.ename}: {o.evalue}"
         for i, c in enumerate(nb.cells) if c.cell_type == "code"

@@ -1,0 +1,207 @@
+"""Grade one notebook: run its cells and hidden scenarios in a kernel, judge the results outside it.
+
+The reference solution is run once per version of the course (`reference_records`, cached under
+build/): its scenarios, oracle blocks included, record what every observation must be. A student's
+notebook runs the same scenarios without the oracle blocks; `grade_notebook` compares the two on
+this side. Before a worker grades its first submission of an assignment it grades the reference
+submission the student's way (`canary`): anything short of full marks means the grading environment
+is broken, and grading stops instead of writing zeros.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+from jupyter_client import KernelManager
+
+from grader import harness
+from grader.course import REPO, Assignment
+from grader.harness import DIED, KILLED, NOT_RUN, OUTPUT_LIMIT, TIMEOUT, Kernel, Step, StepRun
+from grader.judge import BadPayload, ScenarioRecord, Verdict, decode_payload, judge
+from grader.mutants import reference_submission
+from grader.scenarios import scenarios
+
+REFERENCE_CACHE = REPO / "build" / "reference-records"
+# Read-only cells with these tags carry no points and define nothing a test needs: grading skips them.
+SKIPPED_TAGS = frozenset({"demo", "claim"})
+
+
+class GradingEnvironmentBroken(RuntimeError):
+    """The reference solution does not pass in this environment: no student grade would mean anything."""
+
+
+@dataclass
+class Graded:
+    """One notebook's grading run: the steps, what each produced, and the verdict of each test."""
+
+    steps: list[Step]
+    runs: list[StepRun]
+    verdicts: dict[str, Verdict]
+
+    @property
+    def first_test(self) -> int:
+        """Index of the first scenario step (outputs from then on may carry hidden-test data)."""
+        return next((i for i, s in enumerate(self.steps) if s.test), len(self.steps))
+
+
+def plan(nb: nbformat.NotebookNode, assignment: Assignment, *, reference: bool = False) -> list[Step]:
+    """The steps that grade `nb`: set-up cells, the student's cells, and a scenario for each test cell."""
+    tests = {s.test: s for s in scenarios(assignment)}
+    steps = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or not cell.source.strip():
+            continue
+        info = cell.metadata.get("nbgrader") or {}
+        grade_id = info.get("grade_id", "")
+        if info.get("grade"):
+            scenario = tests[grade_id]
+            code = harness.scenario_code(grade_id, scenario.reference_code) if reference else harness.scenario_code(
+                grade_id, scenario.student_code, scenario.inject, scenario.inject_names)
+            steps.append(Step(grade_id, code, by_student=False, test=grade_id))
+        elif info.get("solution"):
+            steps.append(Step(grade_id, cell.source, by_student=True))
+        elif info:
+            if not SKIPPED_TAGS & set(cell.metadata.get("tags", [])):
+                steps.append(Step(grade_id, cell.source, by_student=False))
+        else:
+            steps.append(Step(f"cell {index + 1}", cell.source, by_student=True))
+    return steps
+
+
+FAILURE_WORDS = {
+    TIMEOUT: "the test ran past the time limit of {timeout:g} s",
+    KILLED: "the test ran past the time limit of {timeout:g} s and would not stop",
+    DIED: "the kernel died while the test ran",
+    NOT_RUN: "the kernel could not be restarted after an earlier crash",
+    OUTPUT_LIMIT: "",
+    "": "",
+}
+
+
+def verdict(test: str, points: float, reference: ScenarioRecord, run: StepRun, timeout: float) -> Verdict:
+    """Judge one scenario step against the reference record."""
+    failure = FAILURE_WORDS[run.failure].format(timeout=timeout)
+    student = None
+    if len(run.payloads) == 1:
+        try:
+            student = decode_payload(run.payloads[0])
+        except BadPayload:
+            failure = failure or "its result could not be read (something in the notebook interferes with the tests)"
+        if student is not None and student.test != test:
+            student, failure = None, failure or "its result was for another test"
+    elif len(run.payloads) > 1:
+        failure = failure or "more than one result came back (something in the notebook interferes with the tests)"
+    else:
+        failure = failure or "no result came back (something in the notebook interferes with the tests)"
+    return judge(test, points, reference, student, failure)
+
+
+def grade_notebook(nb: nbformat.NotebookNode, assignment: Assignment, new_kernel: Callable[[], Kernel],
+                   timeout: float, records: dict[str, ScenarioRecord]) -> Graded:
+    """Run `nb` the grading way and judge every test cell."""
+    steps = plan(nb, assignment)
+    runs = harness.run_steps(steps, new_kernel, timeout)
+    points = {s.test: s.points for s in scenarios(assignment)}
+    verdicts = {step.test: verdict(step.test, points[step.test], records[step.test], run, timeout)
+                for step, run in zip(steps, runs) if step.test}
+    return Graded(steps, runs, verdicts)
+
+
+def run_notes(graded: Graded) -> list[str]:
+    """Status notes for what went wrong while the notebook ran (timeouts, crashes, floods)."""
+    notes = []
+    for step, run in zip(graded.steps, graded.runs):
+        where = f"test {step.test}" if step.test else f"cell {step.label}"
+        if run.failure in (TIMEOUT, KILLED):
+            notes.append(f"timeout in {where}" + (" (the kernel was stopped)" if run.failure == KILLED else ""))
+        elif run.failure == DIED:
+            notes.append(f"kernel died in {where}")
+        elif run.failure == OUTPUT_LIMIT:
+            notes.append(f"output too large in {where}")
+        elif run.failure == NOT_RUN:
+            notes.append(f"not run: {where} (no kernel after repeated crashes)")
+        elif run.error == "MemoryError" and step.by_student:
+            notes.append(f"out of memory in {where}")
+    return notes
+
+
+def canary(assignment: Assignment, new_kernel: Callable[[], Kernel], timeout: float,
+           records: dict[str, ScenarioRecord]) -> str:
+    """'' when the reference submission, graded the student's way here, earns full marks; else why not."""
+    graded = grade_notebook(reference_submission(assignment), assignment, new_kernel, timeout, records)
+    failed = [v for v in graded.verdicts.values() if not v.passed]
+    if not failed:
+        return ""
+    notes = "; ".join(run_notes(graded))
+    return (f"the reference solution of {assignment.name} does not earn full marks in this grading environment "
+            f"({len(failed)} test(s) failed; first: {failed[0].message}){' — ' + notes if notes else ''}")
+
+
+# --- the reference records ----------------------------------------------------------------------------------
+
+def _records_key(assignment: Assignment) -> str:
+    """Changes with anything the reference records depend on: the source, the probe, helpers, torch."""
+    import torch
+
+    digest = hashlib.sha256(assignment.source.read_bytes())
+    for path in sorted((REPO / "helpers").glob("*.py")) + [REPO / "grader" / "probe.py", REPO / "grader" / "scenarios.py"]:
+        digest.update(path.name.encode() + path.read_bytes())
+    digest.update(f"{torch.__version__} {sys.version}".encode())
+    return digest.hexdigest()[:16]
+
+
+def reference_records(assignment: Assignment, new_kernel: Callable[[], Kernel], timeout: float) -> dict[str, ScenarioRecord]:
+    """What every hidden observation of `assignment` must be: the reference run's records (cached)."""
+    path = REFERENCE_CACHE / f"{assignment.name}-{_records_key(assignment)}.json"
+    if path.exists():
+        payloads = json.loads(path.read_text())
+    else:
+        payloads = _run_reference(assignment, new_kernel, timeout)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkstemp(dir=path.parent, suffix=".partial")[1])
+        partial.write_text(json.dumps(payloads))
+        partial.replace(path)
+    return {test: decode_payload(payload) for test, payload in payloads.items()}
+
+
+def _run_reference(assignment: Assignment, new_kernel: Callable[[], Kernel], timeout: float) -> dict[str, dict]:
+    steps = plan(reference_submission(assignment), assignment, reference=True)
+    runs = harness.run_steps(steps, new_kernel, timeout)
+    payloads: dict[str, dict] = {}
+    for step, run in zip(steps, runs):
+        where = f"{assignment.name}, {'hidden test ' + step.test if step.test else 'cell ' + step.label}"
+        if run.failure and run.failure != OUTPUT_LIMIT:
+            raise GradingEnvironmentBroken(f"{where}: the reference run stopped ({run.failure})")
+        if not step.test:
+            if run.error:
+                detail = next((o.get("evalue", "") for o in run.outputs if o.get("output_type") == "error"), "")
+                raise GradingEnvironmentBroken(f"{where}: the reference raised {run.error}: {detail[:300]}")
+            continue
+        if len(run.payloads) != 1 or run.payloads[0].get("error"):
+            error = run.payloads[0].get("error") if run.payloads else "no result"
+            raise GradingEnvironmentBroken(f"{where}: the reference solution did not complete the scenario ({error})")
+        if not run.payloads[0].get("observed"):
+            raise GradingEnvironmentBroken(f"{where}: the scenario observes nothing, so any answer would pass")
+        payloads[step.test] = run.payloads[0]
+    return payloads
+
+
+# --- kernels ---------------------------------------------------------------------------------------------
+
+def plain_kernel_factory(env: dict[str, str] | None = None) -> Callable[[], Kernel]:
+    """Kernels of this interpreter with no sandbox (trusted code only: the reference run, --unsandboxed)."""
+    def start() -> Kernel:
+        work = tempfile.mkdtemp(prefix="kernel-")
+        manager = KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(work, "kernel"))
+        manager.connection_file = os.path.join(work, "connection.json")
+        return Kernel(manager, scratch=work, cwd=work, env={**os.environ, **(env or {})})
+
+    return start

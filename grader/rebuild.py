@@ -1,0 +1,68 @@
+"""Put a submission back together: the released notebook, with the student's answers and own cells in place."""
+
+from __future__ import annotations
+
+import copy
+
+import nbformat
+
+# Metadata key the rebuilt notebook puts on cells the student added (code or prose).
+ADDED = "tml_added_by_student"
+
+
+def _grade_ids(nb: nbformat.NotebookNode) -> list[str]:
+    return [c.metadata["nbgrader"]["grade_id"] for c in nb.cells if "nbgrader" in c.metadata]
+
+
+def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -> tuple[nbformat.NotebookNode, list[str]]:
+    """The released notebook with the student's answers and own cells put back in; plus what was tampered with.
+
+    Locked cells, tests and their metadata always come from the release, so an edited, deleted,
+    duplicated or re-labelled cell is undone; the student's answer cells and the cells they added
+    (no nbgrader metadata) are kept in their place.
+    """
+    notes: list[str] = []
+    known = set(_grade_ids(released))
+    answers: dict[str, nbformat.NotebookNode] = {}
+    extras: dict[str | None, list[nbformat.NotebookNode]] = {}
+    released_ids = {c.get("id") for c in released.cells}
+    anchor: str | None = None
+    for cell in submitted.cells:
+        info = cell.get("metadata", {}).get("nbgrader")
+        if not info:
+            # The student's own cells: code they added, and prose cells the release does not have.
+            if cell.cell_type == "code" or cell.get("id") not in released_ids:
+                cell = copy.deepcopy(cell)
+                cell.setdefault("metadata", {})[ADDED] = True
+                extras.setdefault(anchor, []).append(cell)
+            continue
+        grade_id = info.get("grade_id")
+        if grade_id not in known:
+            notes.append(f"unknown cell {grade_id!r} removed")
+        elif grade_id in answers:
+            notes.append(f"duplicated cell {grade_id} ignored")
+        else:
+            answers[grade_id] = cell
+            anchor = grade_id
+    rebuilt = copy.deepcopy(released)
+    cells = list(extras.get(None, []))
+    for cell in rebuilt.cells:
+        cells.append(cell)
+        info = cell.metadata.get("nbgrader")
+        if not info:
+            continue
+        grade_id = info["grade_id"]
+        theirs = answers.get(grade_id)
+        if theirs is None:
+            notes.append(f"deleted {'answer ' if info.get('solution') else ''}cell {grade_id} restored")
+        elif info.get("solution"):
+            cell.source = theirs.source
+        else:
+            if theirs.source != cell.source:
+                notes.append(f"edited locked cell {grade_id} restored")
+            their_info = theirs.metadata.get("nbgrader", {})
+            if any(their_info.get(k) != info.get(k) for k in ("grade", "solution", "locked", "points")):
+                notes.append(f"changed metadata of {grade_id} restored")
+        cells.extend(extras.get(grade_id, []))
+    rebuilt.cells = cells
+    return rebuilt, [f"tampered: {n}" for n in notes]

@@ -63,8 +63,9 @@ def plan(nb: nbformat.NotebookNode, assignment: Assignment, *, reference: bool =
         grade_id = info.get("grade_id", "")
         if info.get("grade"):
             scenario = tests[grade_id]
-            code = harness.scenario_code(grade_id, scenario.reference_code) if reference else harness.scenario_code(
-                grade_id, scenario.student_code, scenario.inject, scenario.inject_names)
+            code = (harness.scenario_code(grade_id, scenario.reference_code, scenario.answers) if reference else
+                    harness.scenario_code(grade_id, scenario.student_code, scenario.answers, scenario.inject,
+                                          scenario.inject_names))
             steps.append(Step(grade_id, code, by_student=False, test=grade_id))
         elif info.get("solution"):
             steps.append(Step(grade_id, cell.source, by_student=True))

@@ -154,14 +154,14 @@ def _as_output(kind: str, content: dict) -> dict:
     return output
 
 
-def scenario_code(test: str, code: str, inject: str = "", inject_names: tuple[str, ...] = ()) -> str:
+def scenario_code(test: str, code: str, answers: tuple[str, ...], inject: str = "", inject_names: tuple[str, ...] = ()) -> str:
     """The cell that runs one scenario through a fresh copy of grader/probe.py inside the kernel."""
     return (
         "def _tml_scenario():\n"
         "    import types\n"
         "    module = types.ModuleType('_tml_probe')\n"
         f"    exec({PROBE_SOURCE!r}, module.__dict__)\n"
-        f"    module.run({test!r}, {code!r}, {inject!r}, {tuple(inject_names)!r})\n"
+        f"    module.run({test!r}, {code!r}, {tuple(answers)!r}, {inject!r}, {tuple(inject_names)!r})\n"
         "_tml_scenario()\n"
         "del _tml_scenario\n"
     )

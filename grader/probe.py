@@ -102,9 +102,11 @@ def publish(payload: dict) -> None:
     display({MIME: payload}, raw=True)
 
 
-def run(test_id: str, code: str, inject: str = "", inject_names: tuple[str, ...] = ()) -> None:
-    """Run one scenario in a private copy of the notebook's namespace and publish what it observed.
+def run(test_id: str, code: str, answers: tuple[str, ...], inject: str = "", inject_names: tuple[str, ...] = ()) -> None:
+    """Run one scenario and publish what it observed.
 
+    The scenario sees the exercises' answers (`answers`: the names the answer cells define) and nothing
+    else of the notebook, so a scratch cell that rebinds `X` or `model` cannot change the test's inputs.
     `inject` is the reference definition of functions another exercise provides (one mistake, one
     penalty): it replaces the student's names while the scenario runs and is removed afterwards.
     """
@@ -120,7 +122,7 @@ def run(test_id: str, code: str, inject: str = "", inject_names: tuple[str, ...]
     try:
         if inject:
             exec(compile(inject, f"<reference for {test_id}>", "exec"), user_ns)
-        scope = dict(user_ns)
+        scope = {name: user_ns[name] for name in answers if name in user_ns}
         scope.update(observe=recorder.observe, expect=recorder.expect, oracle=contextlib.nullcontext,
                      autograd_guard=autograd_guard)
         exec(compile(code, f"<hidden test {test_id}>", "exec"), scope)

@@ -27,7 +27,7 @@ import nbformat
 
 from grader.course import Assignment
 from grader.mutants import reference_answers
-from grader.markers import HIDDEN_BLOCK
+from grader.markers import HIDDEN_BLOCK, SOLUTION_BLOCK
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class Scenario:
     points: float
     student_code: str  # oracle blocks removed: what runs in a student's kernel
     reference_code: str  # everything: what runs in the reference kernel
+    answers: tuple[str, ...]  # what the scenario may use from the notebook: the names answer cells define
     inject: str  # reference definitions of other exercises' functions this test calls
     inject_names: tuple[str, ...]
 
@@ -104,8 +105,12 @@ def scenarios(assignment: Assignment) -> tuple[Scenario, ...]:
     """Every test cell of `assignment`, in notebook order, as a Scenario (read from solutions/)."""
     answers = reference_answers(assignment)
     providers = {name: source for source in answers.values() for name in _defines(source)}
+    cells = nbformat.read(assignment.source, as_version=4).cells
+    stubs = [SOLUTION_BLOCK.sub("raise NotImplementedError()\n", c.source) for c in cells
+             if c.cell_type == "code" and (c.metadata.get("nbgrader") or {}).get("solution")]
+    exposed = tuple(sorted({name for stub in stubs for name in _defines(stub)}))
     found = []
-    for cell in nbformat.read(assignment.source, as_version=4).cells:
+    for cell in cells:
         info = cell.metadata.get("nbgrader", {})
         if cell.cell_type != "code" or not info.get("grade"):
             continue
@@ -115,6 +120,6 @@ def scenarios(assignment: Assignment) -> tuple[Scenario, ...]:
         if missing:
             raise ValueError(f"{assignment.name}/{info['grade_id']}: uses_reference names no answer's function: {missing}")
         inject = "\n\n".join(dict.fromkeys(providers[n] for n in needs))
-        found.append(Scenario(info["grade_id"], float(info["points"]), student, reference, inject,
+        found.append(Scenario(info["grade_id"], float(info["points"]), student, reference, exposed, inject,
                               tuple(sorted(_defines(inject))) if inject else ()))
     return tuple(found)

@@ -56,6 +56,8 @@ def _selftest(args: argparse.Namespace) -> int:
 
     from grader.autograde import GradingEnvironmentBroken, autograde
     from grader.course import assignment_named, assignments
+    from grader.cribs import crib_problems, cribs
+    from grader.grading import plain_kernel_factory, reference_records
     from grader.selftest import mismatches, write_selftest_class
 
     chosen = [assignment_named(n) for n in args.assignments] or assignments()
@@ -72,7 +74,15 @@ def _selftest(args: argparse.Namespace) -> int:
         print(f"✗ {problem}")
     print(f"{len(expected) - len(problems)} of {len(expected)} self-test submissions graded as expected; "
           f"grades in {out / 'graded' / 'grades.csv'}")
-    return 1 if problems else 0
+    cribbed = []
+    for assignment in chosen:
+        kernels = plain_kernel_factory()
+        cribbed += crib_problems(assignment, kernels, args.timeout, reference_records(assignment, kernels, args.timeout))
+    for problem in cribbed:
+        print(f"✗ crib: {problem}")
+    print(f"cribs: {'none earns points' if not cribbed else f'{len(cribbed)} earn points'} "
+          f"({sum(len(cribs(a)) for a in chosen)} visible functions and classes handed in as answers)")
+    return 1 if problems or cribbed else 0
 
 
 def _bundle(args: argparse.Namespace) -> int:
@@ -107,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     student_bundle = commands.add_parser("bundle", help="write what students receive (no solutions, hidden tests or mutants)")
     student_bundle.add_argument("out", type=Path, help="a new folder")
     student_bundle.set_defaults(run=_bundle)
-    selftest = commands.add_parser("selftest", help="grade reference, blank and mutant submissions; fail on any surprise")
+    selftest = commands.add_parser("selftest", help="grade reference, blank, mutant and crib submissions; fail on any surprise")
     selftest.add_argument("assignments", nargs="*", help="only these (default: all)")
     selftest.add_argument("--jobs", type=int, default=os.cpu_count())
     selftest.add_argument("--timeout", type=int, default=30, help="seconds per cell")

@@ -1,7 +1,7 @@
 """Pre-submission check: run a notebook's visible tests and say which exercises fail (notebook 00).
 
-`python -m helpers.validate NOTEBOOK` (or `./course validate NOTEBOOK`) exits 1 when any test cell
-fails — unlike `nbgrader validate`, whose exit code is 0 either way.
+`python -m helpers.validate NOTEBOOK` (or `./course validate NOTEBOOK`) exits 1 unless every exercise is
+answered and passes its visible test — unlike `nbgrader validate`, whose exit code is 0 either way.
 """
 
 from __future__ import annotations
@@ -12,13 +12,17 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
+NOT_ANSWERED = "not answered yet"
+SKIPPED_TAGS = {"demo", "claim"}  # grading skips these cells too
+
 
 def validate_notebook(path: str | Path, timeout: int = 120) -> dict[str, str]:
-    """Execute a notebook (demo cells skipped); returns test grade_id → "" when it passed, else the error (notebook 00)."""
+    """Execute a notebook (demo and claim cells skipped); returns test grade_id → "" when it passed, else the error (notebook 00)."""
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
+    nb.cells = [c for c in nb.cells if not SKIPPED_TAGS & set(c.metadata.get("tags", []))]
     client = NotebookClient(nb, timeout=timeout, allow_errors=True, kernel_name="python3",
-                            skip_cells_with_tag="demo", resources={"metadata": {"path": str(path.parent)}})
+                            resources={"metadata": {"path": str(path.parent)}})
     client.execute()
     results = {}
     for cell in nb.cells:
@@ -29,21 +33,36 @@ def validate_notebook(path: str | Path, timeout: int = 120) -> dict[str, str]:
         if not errors:
             results[info["grade_id"]] = ""
         elif errors[0].ename == "NotImplementedError":
-            results[info["grade_id"]] = "not answered yet (the answer cell still raises NotImplementedError)"
+            results[info["grade_id"]] = f"{NOT_ANSWERED} (the answer cell still raises NotImplementedError)"
         else:
             results[info["grade_id"]] = f"{errors[0].ename}: {errors[0].evalue}"
     return results
 
 
-def report(path: str | Path) -> bool:
-    """Print ✓/✗ per exercise of a notebook; True when every visible test passes (notebook 00)."""
+def report(path: str | Path, *, unanswered_ok: bool = False) -> bool:
+    """Print ✓/✗ per exercise of a notebook; True when every visible test passes (notebook 00).
+
+    Before you submit, an exercise not answered yet is a ✗ like any failure. With `unanswered_ok=True`
+    (notebook 00 checks the tool on a notebook you have not started) it is marked – and is not a failure:
+    True when every answered exercise passes.
+    """
     results = validate_notebook(path)
+    unanswered = {name for name, problem in results.items() if problem.startswith(NOT_ANSWERED)}
+    failed = {name for name, problem in results.items() if problem and not (unanswered_ok and name in unanswered)}
     for exercise, problem in results.items():
-        print(f"{'✓' if not problem else '✗'} {exercise}" + (f": {problem}" if problem else ""))
-    passed = not any(results.values())
-    print(f"{Path(path).name}: {'all visible tests pass' if passed else 'some visible tests fail'}"
-          + ("" if results else " (no graded exercises)"))
-    return passed
+        mark = "✓" if not problem else ("–" if unanswered_ok and exercise in unanswered else "✗")
+        print(f"{mark} {exercise}" + (f": {problem}" if problem else ""))
+    if not results:
+        verdict = "no graded exercises"
+    elif unanswered_ok:
+        answered = len(results) - len(unanswered)
+        verdict = (f"{answered} of {len(results)} exercises answered"
+                   + ("" if not answered else "; every answered one passes its visible test" if not failed
+                      else f"; {len(failed)} answered exercise(s) fail their visible test"))
+    else:
+        verdict = "all visible tests pass" if not failed else "some visible tests fail"
+    print(f"{Path(path).name}: {verdict}")
+    return not failed
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""helpers.data, plots, graphs, devices: deterministic, readable, and clear when something is missing."""
+"""helpers.data, plots, devices (graphs: test_helpers_graphs.py): deterministic, readable, and clear when something is missing."""
 
 import math
 
@@ -6,10 +6,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-import pytest
 import torch
 
-from helpers import graphs
 from helpers.data import make_classification_batch, make_linear_regression
 from helpers.devices import environment_report, pick_device
 from helpers.plots import LECTURE_STYLE, plot_loss_contours, plot_losses, use_lecture_style
@@ -51,17 +49,6 @@ def test_plot_loss_contours_draws_paths_and_minimum():
     labels = [line.get_label() for line in ax.get_lines()]
     assert "gd" in labels and "minimum" in labels
     plt.close("all")
-
-
-def test_draw_graph_renders_and_explains_missing_dot(monkeypatch):
-    w = torch.randn(3, requires_grad=True)
-    out = (w.tanh() ** 2).sum()
-    graph = graphs.draw_graph(out, {"w": w})
-    assert "TanhBackward0" in graph.source and "PowBackward0" in graph.source
-    assert b"<svg" in graph.pipe(format="svg")
-    monkeypatch.setattr(graphs.shutil, "which", lambda name: None)
-    with pytest.raises(graphs.GraphvizMissingError, match="apt-get install graphviz"):
-        graphs.draw_graph(out)
 
 
 def test_device_choice_and_report():

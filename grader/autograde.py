@@ -24,7 +24,7 @@ from grader import sandbox
 from grader.course import REPO, Assignment, assignments
 from grader.grading import GradingEnvironmentBroken, plain_kernel_factory, reference_records
 from grader.release import generate
-from grader.submissions import Submission, collect, unpack_zip
+from grader.submissions import MAX_NOTEBOOK_BYTES, Submission, collect, printable, unpack_zip
 from grader.worker import Result, Spec
 
 TEMPLATES = REPO / "build" / "grading-templates"
@@ -39,26 +39,37 @@ class SandboxUnavailable(RuntimeError):
     """Raised when untrusted code would run without isolation and the instructor did not accept that."""
 
 
-def _code_digest() -> str:
-    """Everything in this checkout that can change a grade: the grader, helpers, the nbgrader config, torch."""
+def code_digest(root: Path = REPO) -> str:
+    """Everything that can change a grade besides the hand-in: grader/ (with the nbgrader config and the
+    mutants), helpers/, the sandbox's memory limit, torch and Python."""
     import torch
 
     digest = hashlib.sha256(f"{torch.__version__}\0{sys.version}\0{os.environ.get(sandbox.MEMORY_ENV, '')}".encode())
-    for folder in (REPO / "grader", REPO / "helpers"):
+    for folder in (root / "grader", root / "helpers"):
         for path in sorted(folder.rglob("*")):
             if path.is_file() and "__pycache__" not in path.parts:
-                digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
+                digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 
 def _fingerprint(sub: Submission, assignment: Assignment | None, timeout: int, sandboxed: bool, code: str) -> str:
     """Changes whenever the hand-in, the assignment's source, the grader or the grading settings change."""
     digest = hashlib.sha256(f"{sub.student}\0{sub.assignment}\0{timeout}\0{sandboxed}\0{sub.problem}\0{code}".encode())
-    for path in sub.files:
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    digest.update("\0".join(sub.notes).encode())
+    if sub.notebook is not None:
+        try:
+            digest.update(sub.notebook.name.encode() + b"\0" + _read_bounded(sub.notebook))
+        except OSError as exc:  # unreadable now: the worker will say so; hash the reason
+            digest.update(type(exc).__name__.encode())
     if assignment is not None:
         digest.update(assignment.source.read_bytes())
     return digest.hexdigest()
+
+
+def _read_bounded(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
+        return f.read(MAX_NOTEBOOK_BYTES + 1)
 
 
 class WorkerProcess:
@@ -127,6 +138,12 @@ def _points(value: float) -> str:
     return f"{value:g}"
 
 
+def csv_cell(value: str) -> str:
+    """A text cell a spreadsheet will not run as a formula (=, +, -, @ first), control characters escaped."""
+    value = printable(value)
+    return "'" + value if value[:1] in ("=", "+", "-", "@") else value
+
+
 def write_csv(results: list[Result], known: dict[str, Assignment], path: Path) -> None:
     """grades.csv: student, assignment, points per exercise, total, max_total, status."""
     graded = sorted({r.assignment for r in results if r.assignment in known})
@@ -135,8 +152,10 @@ def write_csv(results: list[Result], known: dict[str, Assignment], path: Path) -
         writer = csv.writer(f)
         writer.writerow(["student", "assignment", *exercises, "total", "max_total", "status"])
         for r in sorted(results, key=lambda r: (r.student, r.assignment)):
-            row = [r.student, r.assignment] + [_points(r.scores[e]) if e in r.scores else "" for e in exercises]
-            row += [_points(sum(r.scores.values())), _points(sum(r.max_scores.values())), "; ".join(r.status) or "ok"]
+            row = [csv_cell(r.student), csv_cell(r.assignment)]
+            row += [_points(r.scores[e]) if e in r.scores else "" for e in exercises]
+            row += [_points(sum(r.scores.values())), _points(sum(r.max_scores.values())),
+                    csv_cell("; ".join(r.status) or "ok")]
             writer.writerow(row)
 
 
@@ -169,7 +188,8 @@ def autograde(
     known = {a.name: a for a in assignments()}
     root = submissions
     if submissions.is_file():
-        root = unpack_zip(submissions, Path(tempfile.mkdtemp(prefix="unpacked-", dir=_mkdir(work))), list(known.values()))
+        root = unpack_zip(submissions, Path(tempfile.mkdtemp(prefix="unpacked-", dir=_mkdir(work))), list(known.values()),
+                          only)
     subs = collect(root, list(known.values()), only)
     graded = sorted({s.assignment for s in subs if s.assignment in known})
     template = _template([known[a] for a in graded])
@@ -181,7 +201,7 @@ def autograde(
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(lambda a: reference_records(known[a], plain_kernel_factory(
             {"OMP_NUM_THREADS": env["OMP_NUM_THREADS"]}), timeout), graded))
-    code = _code_digest()
+    code = code_digest()
     results: list[Result] = []
     pending: list[tuple[Spec, str, float]] = []
     for sub in subs:
@@ -190,15 +210,16 @@ def autograde(
         fingerprint = _fingerprint(sub, assignment, timeout, sandboxed, code)
         stamp = result_path.with_suffix(".fingerprint")
         if assignment is None:
-            results.append(Result(sub.student, sub.assignment, {}, {}, [sub.problem]))
+            results.append(Result(sub.student, sub.assignment, {}, {}, [*sub.notes, sub.problem]))
             continue
         if not force and result_path.exists() and stamp.exists() and stamp.read_text() == fingerprint:
             results.append(Result(**json.loads(result_path.read_text())))
             continue
         stamp.unlink(missing_ok=True)
-        spec = Spec(sub.student, sub.assignment, assignment.notebook, [str(f) for f in sub.files], str(template),
-                    str(result_path), str(out / "feedback" / sub.student / sub.assignment / f"{assignment.name}.html"),
-                    timeout, sandboxed, sub.problem)
+        spec = Spec(student=sub.student, assignment=sub.assignment, notebook=assignment.notebook,
+                    submitted=str(sub.notebook or ""), template=str(template), result=str(result_path),
+                    feedback=str(out / "feedback" / sub.student / sub.assignment / f"{assignment.name}.html"),
+                    timeout=timeout, sandbox=sandboxed, problem=sub.problem, notes=sub.notes)
         code_cells = sum(c.cell_type == "code" for c in nbformat.read(assignment.source, as_version=4).cells)
         pending.append((spec, fingerprint, timeout * code_cells + WORKER_OVERHEAD_S))
 
@@ -216,6 +237,8 @@ def autograde(
         futures = {pool.submit(run, spec, wall): (spec, fp) for spec, fp, wall in pending}
         bar = tqdm(as_completed(futures), total=len(futures), desc="grading", unit="submission", disable=not progress)
         for future in bar:
+            if future.cancelled():
+                continue
             spec, fingerprint = futures[future]
             result = future.result()
             if result.broken:  # the canary failed: stop, and never write a grade for anyone
@@ -225,11 +248,11 @@ def autograde(
                 continue
             if broken:
                 continue
-            worker_finished = bool(result.max_scores)  # else the worker died: grade it again next run
+            # Kept like a grade even when the worker died on it: a hand-in that crashes the grader is
+            # reported once, not regraded (and crashing) on every run; --force tries again.
             result = _zero_filled(result, known[spec.assignment].grade_cells())
             Path(spec.result).write_text(json.dumps(asdict(result), indent=1))
-            if worker_finished:
-                Path(spec.result).with_suffix(".fingerprint").write_text(fingerprint)
+            Path(spec.result).with_suffix(".fingerprint").write_text(fingerprint)
             results.append(result)
     for worker in workers:
         worker.close()

@@ -30,6 +30,7 @@ def _check(args: argparse.Namespace) -> int:
 
 def _autograde(args: argparse.Namespace) -> int:
     from grader.autograde import GradingEnvironmentBroken, SandboxUnavailable, autograde
+    from grader.submissions import printable
 
     if not args.submissions.exists():
         print(f"no such folder or zip: {args.submissions}", file=sys.stderr)
@@ -47,7 +48,7 @@ def _autograde(args: argparse.Namespace) -> int:
     print(f"graded {len(results)} submission(s) into {args.out / 'grades.csv'}; "
           f"feedback in {args.out / 'feedback'}; {len(flagged)} with a status note")
     for r in flagged:
-        print(f"  {r.student}/{r.assignment}: {'; '.join(r.status)}")
+        print(f"  {printable(r.student)}/{printable(r.assignment)}: {printable('; '.join(r.status))}")
     return 0
 
 

@@ -131,6 +131,9 @@ def run_notes(graded: Graded) -> list[str]:
             notes.append(f"not run: {where} (no kernel after repeated crashes)")
         elif run.error == "MemoryError" and step.by_student:
             notes.append(f"out of memory in {where}")
+        elif step.test and len(run.payloads) != 1:
+            # Something in the notebook got between the test and the grader: worth the instructor's look.
+            notes.append(f"interference in {where}: {len(run.payloads)} results came back instead of one")
     return notes
 
 

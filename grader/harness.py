@@ -98,7 +98,7 @@ class Kernel:
                 interrupted = now
             elif interrupted is not None and now > interrupted + INTERRUPT_GRACE_S:
                 result.failure = KILLED
-                self.manager.kill_kernel()
+                self.manager.shutdown_kernel(now=True)  # "now": kill, no polite request
                 break
             try:
                 msg = self.client.get_iopub_msg(timeout=0.25)

@@ -8,6 +8,8 @@ import nbformat
 
 # Metadata key the rebuilt notebook puts on cells the student added (code or prose).
 ADDED = "tml_added_by_student"
+# Cells a student may add; beyond this the rest are left out (and the status says so).
+MAX_ADDED_CELLS = 500
 
 
 def _grade_ids(nb: nbformat.NotebookNode) -> list[str]:
@@ -27,13 +29,17 @@ def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -
     extras: dict[str | None, list[nbformat.NotebookNode]] = {}
     released_ids = {c.get("id") for c in released.cells}
     anchor: str | None = None
+    added = 0
     for cell in submitted.cells:
         info = cell.get("metadata", {}).get("nbgrader")
-        if not info:
+        if not isinstance(info, dict) or not info:
             # The student's own cells: code they added, and prose cells the release does not have.
             if cell.cell_type == "code" or cell.get("id") not in released_ids:
+                added += 1
+                if added > MAX_ADDED_CELLS:
+                    continue
                 cell = copy.deepcopy(cell)
-                cell.setdefault("metadata", {})[ADDED] = True
+                cell["metadata"] = {ADDED: True}  # their metadata means nothing to the grader
                 extras.setdefault(anchor, []).append(cell)
             continue
         grade_id = info.get("grade_id")
@@ -65,4 +71,7 @@ def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -
                 notes.append(f"changed metadata of {grade_id} restored")
         cells.extend(extras.get(grade_id, []))
     rebuilt.cells = cells
-    return rebuilt, [f"tampered: {n}" for n in notes]
+    status = [f"tampered: {n}" for n in notes]
+    if added > MAX_ADDED_CELLS:
+        status.append(f"too many cells: only the first {MAX_ADDED_CELLS} of the {added} cells you added were run")
+    return rebuilt, status

@@ -1,43 +1,83 @@
-"""Finding submissions in a folder (`<student>/<assignment>/<notebook>.ipynb`) or an LMS zip."""
+"""Finding submissions in a folder (`<student>/<assignment>/<notebook>.ipynb`) or an LMS zip.
+
+Collection never trusts a hand-in: it lists folders without following links, looks only at regular
+files, reads nothing but names and sizes (the worker reads the one notebook it grades, bounded in
+size), and turns everything odd — a link, a device file, an unreadable folder, an unsafe name, a
+file too large — into a status on that student's row, so one hand-in cannot stop the batch.
+"""
 
 from __future__ import annotations
 
+import os
 import re
-import shutil
+import stat
 import zipfile
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path, PurePosixPath
 
 from grader.course import Assignment
 
 MAX_ZIP_BYTES = 2 * 2**30
-# Canvas-style flat names: <student>[_LATE]_<id>_<id>_<original file name>
-LMS_NAME = re.compile(r"^(?P<student>[^_/]+)(?:_late)?_\d+_\d+_(?P<file>.+)$", re.I)
+MAX_NOTEBOOK_BYTES = 32 * 2**20
+MAX_ENTRIES = 2000  # files looked at per hand-in folder
+# Canvas: <lastfirst>[_LATE]_<user id>_<submission id>_<original file name>
+CANVAS_NAME = re.compile(r"^(?P<student>[^_/]+)(?P<late>_late)?_(?P<user>\d+)_\d+_(?P<file>.+)$", re.I)
+# Moodle: one folder per submission, "<Full Name>_<user id>_assignsubmission_file_/<file>"
+MOODLE_FOLDER = re.compile(r"^(?P<student>.+?)_(?P<user>\d+)_assignsubmission_file_?$")
+# What people add to a file name when they upload it again: " (1)", "-2", "_final", "_v3", " copy".
+RENAMED = re.compile(r"(?:\s*\(\d+\)|-\d+|_final|_v\d+|[ _-]copy)+$", re.I)
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$")
+TIMESTAMP_FILE = "timestamp.txt"  # nbgrader's convention: when the hand-in arrived
 
 
 @dataclass
 class Submission:
-    """One student's hand-in for one assignment: every file found in its folder."""
+    """One student's hand-in for one assignment, as collection found it."""
 
     student: str
     assignment: str
-    files: list[Path] = field(default_factory=list)
-    problem: str = ""  # set when the hand-in cannot be graded at all
+    notebook: Path | None = None  # the regular file to grade
+    notes: list[str] = field(default_factory=list)  # renamed, extra files, refused links …
+    problem: str = ""  # set when there is nothing to grade; the row says why
+    submitted_at: str = ""  # ISO time from the LMS or timestamp.txt, when known
 
+
+def printable(text: str) -> str:
+    """`text` with control characters escaped, safe to print in a terminal or a status."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode() for ch in text)
+
+
+def slug(name: str) -> str:
+    """A student or folder name made safe for a path; '' when nothing safe is left."""
+    cleaned = re.sub(r"[^A-Za-z0-9._@+-]+", "-", name).strip("-.")
+    return cleaned if SAFE_NAME.match(cleaned) else ""
+
+
+def notebook_for(file_name: str, known: list[Assignment]) -> Assignment | None:
+    """The assignment a handed-in file name belongs to, allowing the suffixes re-uploads add."""
+    stem = RENAMED.sub("", PurePosixPath(file_name).stem).strip()
+    return next((a for a in known if a.name == stem), None)
+
+
+# --- LMS zips ---------------------------------------------------------------------------------------------
 
 def _safe_member(name: str) -> bool:
     path = PurePosixPath(name)
     return not path.is_absolute() and ".." not in path.parts and not name.startswith("__MACOSX")
 
 
-def unpack_zip(archive: Path, into: Path, known: list[Assignment]) -> Path:
+def unpack_zip(archive: Path, into: Path, known: list[Assignment], only: str | None = None) -> Path:
     """Extract an LMS zip into `<student>/<assignment>/` folders under `into`; returns that root.
 
-    Accepts a zip that already has the folder layout (optionally inside one top folder) and the flat
-    `<student>_<id>_<id>_<notebook>.ipynb` names LMSs export. Unsafe paths are skipped.
+    Understands a zip that already has the folder layout (optionally inside one top folder), Canvas's
+    flat `<name>[_LATE]_<user id>_<submission id>_<file>` names and Moodle's `<Full Name>_<user id>_
+    assignsubmission_file_/` folders. Students are keyed by name *and* LMS user id, so two students with
+    the same name stay two rows. A file whose name matches no notebook goes to the only assignment the
+    zip is for, when there is one. Unsafe paths are skipped; when the zip says when a file arrived, that
+    time is written to the folder's timestamp.txt.
     """
     into.mkdir(parents=True, exist_ok=True)
-    by_notebook = {a.notebook: a.name for a in known}
     with zipfile.ZipFile(archive) as zf:
         members = [m for m in zf.infolist() if not m.is_dir() and _safe_member(m.filename)]
         if sum(m.file_size for m in members) > MAX_ZIP_BYTES:
@@ -45,38 +85,146 @@ def unpack_zip(archive: Path, into: Path, known: list[Assignment]) -> Path:
         parts = [PurePosixPath(m.filename).parts for m in members]
         tops = {p[0] for p in parts if len(p) > 1}
         strip = 1 if len(tops) == 1 and all(len(p) >= 4 for p in parts) else 0
-        for member, part in zip(members, parts):
-            part = part[strip:]
-            if len(part) >= 3:
-                target = into.joinpath(*part)
-            else:
-                match = LMS_NAME.match(part[-1])
-                original = re.sub(r"-\d+(\.ipynb)$", r"\1", match.group("file")) if match else ""
-                if not match or original not in by_notebook:
-                    continue
-                target = into / match.group("student") / by_notebook[original] / original
+        placed = [(m, _place(p[strip:], known)) for m, p in zip(members, parts)]
+        targets = {a for _, (_, a, _) in placed if a}
+        single = only or (next(iter(targets)) if len(targets) == 1 else None)
+        for member, (student, assignment, file_name) in placed:
+            if not student:
+                continue
+            assignment = assignment or single or "unmatched-upload"
+            target = into / student / assignment / file_name
+            if not target.resolve().is_relative_to(into.resolve()):
+                continue
             target.parent.mkdir(parents=True, exist_ok=True)
             with zf.open(member) as src, open(target, "wb") as dst:
-                shutil.copyfileobj(src, dst)
+                dst.write(src.read(MAX_NOTEBOOK_BYTES + 1))
+            stamp = target.parent / TIMESTAMP_FILE
+            if not stamp.exists():
+                stamp.write_text(datetime(*member.date_time).isoformat())
     return into
+
+
+def _place(part: tuple[str, ...], known: list[Assignment]) -> tuple[str, str, str]:
+    """(student folder, assignment or '', file name) for one zip member; student '' means skip it."""
+    file_name = slug(part[-1]) if part else ""
+    if not file_name:
+        return "", "", ""
+    if len(part) >= 3:  # <student>/<assignment>/<file>
+        return slug(part[0]), slug(part[1]), file_name
+    if len(part) == 2 and (moodle := MOODLE_FOLDER.match(part[0])):
+        found = notebook_for(part[1], known)
+        student = slug(f"{moodle.group('student')}_{moodle.group('user')}")
+        return student, found.name if found else "", file_name
+    canvas = CANVAS_NAME.match(part[-1])
+    if not canvas:
+        return "", "", ""
+    found = notebook_for(canvas.group("file"), known)
+    return slug(f"{canvas.group('student')}_{canvas.group('user')}"), found.name if found else "", slug(canvas.group("file"))
+
+
+# --- folders ----------------------------------------------------------------------------------------------
+
+def _entries(folder: Path) -> tuple[list[tuple[Path, os.stat_result]], list[str]]:
+    """Regular files and what else was found under `folder`, never following a link; bounded."""
+    files, odd = [], []
+    stack = [folder]
+    seen = 0
+    while stack:
+        current = stack.pop()
+        with os.scandir(current) as listing:
+            for entry in listing:
+                seen += 1
+                if seen > MAX_ENTRIES:
+                    odd.append(f"more than {MAX_ENTRIES} files: the rest ignored")
+                    return files, odd
+                info = entry.stat(follow_symlinks=False)
+                path = Path(entry.path)
+                if stat.S_ISLNK(info.st_mode):
+                    odd.append(f"link {printable(entry.name)} refused")
+                elif stat.S_ISDIR(info.st_mode):
+                    if entry.name != ".ipynb_checkpoints":
+                        stack.append(path)
+                elif stat.S_ISREG(info.st_mode):
+                    files.append((path, info))
+                else:
+                    odd.append(f"special file {printable(entry.name)} ignored")
+    return sorted(files), odd
+
+
+def _hand_in(student: str, assignment: Assignment, folder: Path) -> Submission:
+    sub = Submission(student, assignment.name)
+    try:
+        files, odd = _entries(folder)
+    except OSError as exc:
+        sub.problem = f"could not read the hand-in folder: {type(exc).__name__}"
+        return sub
+    sub.notes += odd
+    stamp = next((p for p, _ in files if p.name == TIMESTAMP_FILE and p.parent == folder), None)
+    if stamp is not None:
+        sub.submitted_at = stamp.read_text(encoding="utf-8", errors="replace")[:64].strip()
+    files = [(p, info) for p, info in files if p != stamp]
+    notebooks = [(p, info) for p, info in files if p.suffix == ".ipynb"]
+    exact = [n for n in notebooks if n[0].name == assignment.notebook]
+    renamed = [n for n in notebooks if notebook_for(n[0].name, [assignment]) is not None]
+    chosen = (exact or renamed or (notebooks if len(notebooks) == 1 else []))[:1]
+    if not chosen:
+        names = ", ".join(printable(p.name) for p, _ in notebooks[:5]) or "no notebook"
+        sub.problem = f"missing notebook {assignment.notebook} (found: {names})"
+        return sub
+    path, info = chosen[0]
+    if info.st_size > MAX_NOTEBOOK_BYTES:
+        sub.problem = f"notebook too large: {printable(path.name)} is {info.st_size / 2**20:.0f} MB (limit {MAX_NOTEBOOK_BYTES // 2**20} MB)"
+        return sub
+    sub.notebook = path
+    if path.name != assignment.notebook:
+        sub.notes.insert(0, f"renamed: graded {printable(path.name)} as {assignment.notebook}")
+    others = [printable(p.name) for p, _ in files if p != path]
+    if others:
+        shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        sub.notes.append(f"extra files ignored: {shown}")
+    return sub
+
+
+def _folders(path: Path) -> list[os.DirEntry]:
+    with os.scandir(path) as listing:
+        return sorted((e for e in listing if not e.name.startswith(".")), key=lambda e: e.name)
 
 
 def collect(root: Path, known: list[Assignment], only: str | None = None) -> list[Submission]:
     """One Submission per student and graded assignment, including students who handed nothing in."""
-    names = {a.name for a in known}
+    by_name = {a.name: a for a in known}
     found: dict[tuple[str, str], Submission] = {}
-    students = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    for student in students:
-        for folder in sorted(p for p in (root / student).iterdir() if p.is_dir()):
+    students: list[str] = []
+    for entry in _folders(root):
+        student = slug(entry.name)
+        if not student or student != entry.name:
+            shown = student or f"unsafe-name-{abs(hash(entry.name)) % 10**8}"
+            found[(shown, "?")] = Submission(shown, only or "?", problem=f"refused: unsafe folder name {printable(entry.name)!r}")
+            continue
+        if not entry.is_dir(follow_symlinks=False):
+            if entry.is_symlink():
+                found[(student, "?")] = Submission(student, only or "?", problem="refused: the student folder is a link")
+            continue
+        students.append(student)
+        try:
+            folders = _folders(Path(entry.path))
+        except OSError as exc:
+            found[(student, "?")] = Submission(student, only or "?", problem=f"could not read the folder: {type(exc).__name__}")
+            continue
+        for folder in folders:
             if only and folder.name != only:
                 continue
-            files = sorted(p for p in folder.rglob("*") if p.is_file() and ".ipynb_checkpoints" not in p.parts)
-            sub = Submission(student, folder.name, files)
-            if folder.name not in names:
-                sub.problem = f"unknown assignment folder {folder.name!r}"
-            found[(student, folder.name)] = sub
-    graded = {only} if only else {a for _, a in found if a in names}
+            if folder.is_symlink():
+                found[(student, folder.name)] = Submission(student, folder.name, problem="refused: the assignment folder is a link")
+            elif not folder.is_dir(follow_symlinks=False):
+                continue
+            elif folder.name not in by_name:
+                found[(student, folder.name)] = Submission(student, folder.name,
+                                                           problem=f"unknown assignment folder {printable(folder.name)!r}")
+            else:
+                found[(student, folder.name)] = _hand_in(student, by_name[folder.name], Path(folder.path))
+    graded = {only} if only else {a for _, a in found if a in by_name}
     for student in students:
         for assignment in sorted(graded):
-            found.setdefault((student, assignment), Submission(student, assignment, [], "no submission"))
+            found.setdefault((student, assignment), Submission(student, assignment, problem="no submission"))
     return [found[k] for k in sorted(found)]

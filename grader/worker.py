@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import sys
+import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from grader.feedback import write_feedback
 from grader.rebuild import rebuild
 from grader.grading import canary, grade_notebook, plain_kernel_factory, reference_records, run_notes
 from grader.scenarios import scenarios
+from grader.submissions import MAX_NOTEBOOK_BYTES
 
 
 @dataclass
@@ -34,13 +37,14 @@ class Spec:
     student: str
     assignment: str
     notebook: str  # expected file name, e.g. 01_gradient_descent.ipynb
-    files: list[str]  # everything the student handed in for this assignment
+    submitted: str  # the handed-in notebook to grade ("" when there is none)
     template: str  # folder made by grader.release.generate: release/<assignment>/<notebook>
     result: str  # where to write the Result JSON
     feedback: str  # where to write the feedback HTML
     timeout: int  # seconds per cell
     sandbox: bool = True  # run the kernel in bubblewrap (grader.sandbox)
     problem: str = ""  # set by the collector when there is nothing to grade
+    notes: list[str] = field(default_factory=list)  # what collection noticed (renamed, extra files, …)
 
 
 @dataclass
@@ -56,26 +60,16 @@ class Result:
     broken: str = ""  # set when the grading environment failed its canary: no grade was given
 
 
-def _pick_notebook(spec: Spec) -> tuple[Path | None, list[str]]:
-    files = [Path(f) for f in spec.files]
-    notebooks = [f for f in files if f.suffix == ".ipynb"]
-    exact = [f for f in notebooks if f.name == spec.notebook]
-    chosen = exact[0] if exact else (notebooks[0] if len(notebooks) == 1 else None)
-    notes = []
-    if chosen is None:
-        found = ", ".join(f.name for f in notebooks) or "no notebook"
-        notes.append(f"missing notebook {spec.notebook} (found: {found})")
-    elif chosen.name != spec.notebook:
-        notes.append(f"renamed: graded {chosen.name} as {spec.notebook}")
-    others = [f.name for f in files if f != chosen]
-    if others:
-        shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
-        notes.append(f"extra files ignored: {shown}")
-    return chosen, notes
-
-
 def _load(path: Path) -> nbformat.NotebookNode:
-    text = path.read_text(encoding="utf-8")
+    """The handed-in notebook: a regular file (never through a link), bounded in size, nbformat 4."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ValueError("not a regular file")
+        data = f.read(MAX_NOTEBOOK_BYTES + 1)
+    if len(data) > MAX_NOTEBOOK_BYTES:
+        raise ValueError(f"larger than {MAX_NOTEBOOK_BYTES // 2**20} MB")
+    text = data.decode("utf-8")
     raw = json.loads(text)
     major = raw.get("nbformat") if isinstance(raw, dict) else None
     if major != 4:
@@ -103,15 +97,12 @@ def grade(spec: Spec) -> Result:
     released = nbformat.read(Path(spec.template) / "release" / spec.assignment / spec.notebook, as_version=4)
     max_scores = {s.test: s.points for s in scenarios(assignment)}
     result = Result(spec.student, spec.assignment, {k: 0.0 for k in max_scores}, max_scores)
-    if spec.problem:
-        result.status.append(spec.problem)
-        return result
-    chosen, notes = _pick_notebook(spec)
-    result.status += notes
-    if chosen is None:
+    result.status += spec.notes
+    if spec.problem or not spec.submitted:
+        result.status.append(spec.problem or "no notebook")
         return result
     try:
-        submitted = _load(chosen)
+        submitted = _load(Path(spec.submitted))
     except Exception as exc:  # any unreadable file is a status, not a crash
         result.status.append(f"invalid notebook: {type(exc).__name__}: {str(exc)[:200]}")
         return result
@@ -138,7 +129,12 @@ def grade(spec: Spec) -> Result:
 def grade_to_file(spec_path: Path) -> None:
     """Grade the spec stored at `spec_path` and write its Result JSON atomically."""
     spec = Spec(**json.loads(spec_path.read_text()))
-    result = grade(spec)
+    try:
+        result = grade(spec)
+    except Exception as exc:  # a bug met by one odd hand-in is that hand-in's status, never the batch's
+        traceback.print_exc()
+        result = Result(spec.student, spec.assignment, {}, {},
+                        [*spec.notes, f"grading failed: internal error {type(exc).__name__} (see the worker log)"])
     out = Path(spec.result)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_suffix(".partial")

@@ -28,7 +28,11 @@ def uses_reference(*names: str) -> None:
 
 
 class autograd_guard:  # noqa: N801 — used like a function in a `with` statement
-    """Count calls into autograd while active; the code inside keeps running (notebook 01)."""
+    """Count uses of autograd while active — API calls and graphs recorded; the code keeps running (notebook 01).
+
+    A graph that saves tensors for backward (`(X @ w - y) ** 2` with `w.requires_grad`) is counted however
+    the backward is then called, also through a name imported before the guard started.
+    """
 
     ENTRY_POINTS = (("torch.autograd", "grad"), ("torch.autograd", "backward"), ("torch.Tensor", "backward"),
                     ("torch.func", "grad"), ("torch.func", "grad_and_value"), ("torch.func", "vjp"),
@@ -43,6 +47,12 @@ class autograd_guard:  # noqa: N801 — used like a function in a `with` stateme
     def __enter__(self) -> autograd_guard:
         import torch
 
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            self.calls += 1
+            return tensor
+
+        self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor)
+        self._saved_hooks.__enter__()
         for owner_name, attr in self.ENTRY_POINTS:
             owner = torch.Tensor if owner_name == "torch.Tensor" else importlib.import_module(owner_name)
             original = getattr(owner, attr)
@@ -61,3 +71,4 @@ class autograd_guard:  # noqa: N801 — used like a function in a `with` stateme
         for owner, attr, original in reversed(self._saved):
             setattr(owner, attr, original)
         self._saved.clear()
+        self._saved_hooks.__exit__(*exc)

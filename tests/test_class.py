@@ -1,49 +1,64 @@
-"""A class of 30+ submissions of notebook 01 — correct, wrong, broken and hostile — graded in one run.
+"""Classes of notebook-01 submissions — correct, wrong, broken, hostile and honest — graded in one run each.
 
-Each hostile submission attacks one promise of the grader; the CSV is compared row by row with the
-points and status each must get. Then the class is graded again, sequentially and from scratch,
-and must give the same CSV; and an interrupted batch resumes without regrading what was done.
-Attacks that try to read what the sandbox hides *earn* points only when the read succeeds, so a
-sandbox leak shows up as unexpected points.
+The hostile class tries, with blank or wrong answers, every way a student has found to fool a grader whose
+tests run in the student's kernel (issue 11): none may earn a point, because the grade is decided outside
+the kernel from the values the student's functions return. The honest class adds what students really do
+(scratch cells reusing the lesson's names, magics, prints, warnings, drafts, other editors' files): each must
+keep every point with status `ok`. Attacks that try to read what the sandbox hides *earn* points only when the
+read succeeds, so a sandbox leak shows up as unexpected points.
 """
 
+import base64
 import json
 import shutil
-import subprocess
 
 import nbformat
 import pytest
 
-from conftest import PYTHON, REPO, autograde, read_rows
+from conftest import REPO, autograde, read_rows, shown_lines
 from grader import sandbox
-from grader.autograde import SandboxUnavailable
+from grader.autograde import SandboxUnavailable, code_digest
 from grader.autograde import autograde as autograde_in_process
-from grader.bundle import bundle, bundle_leaks
 from grader.course import assignment_named
-from grader.mutants import load_mutants, mutant_submission, reference_answers, reference_submission
+from grader.mutants import load_mutants, mutant_submission, reference_submission
 from grader.release import secret_lines
 from grader.selftest import Expected, mismatches, put
 
 pytestmark = pytest.mark.slow
 ONE = "01_gradient_descent"
 TIMEOUT = "10"  # seconds per cell: the slowest reference cell takes under 1 s
+A = assignment_named(ONE)
+FULL = A.grade_cells()
+ZERO = {k: 0.0 for k in FULL}
 
 
-def _cells(nb):
-    return {c.metadata.get("nbgrader", {}).get("grade_id"): c for c in nb.cells}
+def _index(nb, grade_id):
+    return next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
 
 
 def with_code(cell: str, extra: str, base=None) -> nbformat.NotebookNode:
-    """The reference submission with `extra` appended to the answer cell `cell`."""
-    nb = base or reference_submission(assignment_named(ONE))
-    _cells(nb)[cell].source += "\n" + extra
+    """The reference submission (or `base`) with `extra` appended to the answer cell `cell`."""
+    nb = base or reference_submission(A)
+    nb.cells[_index(nb, cell)].source += "\n" + extra
     return nb
 
 
-def with_answer(cell: str, source: str) -> nbformat.NotebookNode:
-    nb = reference_submission(assignment_named(ONE))
-    _cells(nb)[cell].source = source
+def with_answer(cell: str, source: str, base=None) -> nbformat.NotebookNode:
+    nb = base or reference_submission(A)
+    nb.cells[_index(nb, cell)].source = source
     return nb
+
+
+def with_cell(source: str, after: str = "setup", base=None, cell_type: str = "code") -> nbformat.NotebookNode:
+    """`base` (default: the reference) with a cell of the student's own inserted after cell `after`."""
+    nb = base or reference_submission(A)
+    new = nbformat.v4.new_code_cell(source) if cell_type == "code" else nbformat.v4.new_markdown_cell(source)
+    nb.cells.insert(_index(nb, after) + 1, new)
+    return nb
+
+
+def blank():
+    return nbformat.read(A.release, as_version=4)
 
 
 def earns_only_if(condition: str) -> str:
@@ -56,19 +71,82 @@ def earns_only_if(condition: str) -> str:
     )
 
 
+WRONG_MSE = "def mse_grad(w, X, y):\n    return torch.zeros_like(w)\n"
+NOOP = "lambda *args, **kwargs: None"
+# Every way found to fool tests that run beside the student's code (issue 11). Each comes with blank answers.
+ATTACKS = {
+    "locals-update": f"locals().update(check={NOOP}, check_tensor={NOOP}, check_scalar={NOOP}, check_unchanged={NOOP})",
+    "rebind-inside-if": f"if True:\n    check_tensor = check_scalar = check = {NOOP}",
+    "rebind-walrus": f"(check_tensor := {NOOP}, check_scalar := {NOOP})",
+    "rebind-global-in-function": f"def quiet():\n    global check, check_tensor, check_scalar\n"
+                                 f"    check = check_tensor = check_scalar = {NOOP}\nquiet()",
+    "module-alias": f"import helpers.checks as hc\n_m = hc\n_m.fail = {NOOP}\n_m.check_tensor = _m.check_scalar = {NOOP}",
+    "module-setattr": "import torch\ntorch.__setattr__('allclose', lambda *a, **k: True)\n"
+                      "torch.__setattr__('equal', lambda *a, **k: True)",
+    "module-dict": "import torch\ngetattr(torch, '__dict__')['allclose'] = lambda *a, **k: True",
+    "subclasses-to-sys-modules": (
+        "importer = [c for c in ().__class__.__base__.__subclasses__() if c.__name__ == 'BuiltinImporter'][0]\n"
+        f"modules = importer.load_module('sys').modules\nmodules['helpers.checks'].check_tensor = {NOOP}\n"
+        "modules['torch'].allclose = lambda *a, **k: True"),
+    "exec-base64": "import base64\nexec(base64.b64decode(" + repr(base64.b64encode(
+        f"import helpers.checks, torch\nhelpers.checks.check_tensor = {NOOP}\ntorch.allclose = lambda *a, **k: True"
+        .encode())) + "))",
+    "ast-transformer-try-except": (
+        "import ast\nclass Swallow(ast.NodeTransformer):\n    def visit_Module(self, node):\n"
+        "        handler = ast.ExceptHandler(type=None, name=None, body=[ast.Pass()])\n"
+        "        return ast.fix_missing_locations(ast.Module(body=[ast.Try(body=node.body or [ast.Pass()], "
+        "handlers=[handler], orelse=[], finalbody=[])], type_ignores=[]))\n"
+        "get_ipython().ast_transformers.append(Swallow())"),
+    "displayhook-partial-credit": "import os\nos.sys.displayhook('x')\nos.sys.displayhook(10)",
+    "background-thread-patcher": (
+        "import threading, time, helpers.checks, torch\ndef patch():\n    while True:\n"
+        f"        helpers.checks.check_tensor = helpers.checks.check_scalar = {NOOP}\n"
+        "        torch.allclose = lambda *a, **k: True\n        time.sleep(0.001)\n"
+        "threading.Thread(target=patch, daemon=True).start()"),
+    "fake-results": (
+        "import threading, time\nfrom IPython.display import display\ndef spam():\n    while True:\n"
+        "        display({'application/vnd.tml.observations+json': {'test': 'mse_grad', 'observed': [], "
+        "'expected': [], 'error': None}}, raw=True)\n        time.sleep(0.01)\n"
+        "threading.Thread(target=spam, daemon=True).start()"),
+    "swallow-exec": "import builtins\nbuiltins.exec = lambda *a, **k: None",
+    "audit-hook-steals-tests": (
+        "import sys\nstolen = []\nsys.addaudithook(lambda event, args: stolen.append(str(args)[:5000]) "
+        "if event == 'exec' else None)"),
+}
+# The same, aimed at answers: wrong or blank functions dressed up to pass.
+LIARS = {
+    "tensor-subclass-allclose": (
+        "class Liar(torch.Tensor):\n    @classmethod\n    def __torch_function__(cls, func, types, args=(), kwargs=None):\n"
+        "        if func in (torch.allclose, torch.equal):\n            return True\n"
+        "        return super().__torch_function__(func, types, args, kwargs or {})\n"
+        "def mse_grad(w, X, y):\n    return torch.zeros_like(w).as_subclass(Liar)\n"),
+    "float-subclass-reads-frames": (
+        "import sys\nclass Sneaky(float):\n    def __new__(cls):\n        return super().__new__(cls, 0.0)\n"
+        "    def _peek(self):\n        frame = sys._getframe(1)\n        while frame:\n"
+        "            if 'expected' in frame.f_locals:\n                return float(frame.f_locals['expected'])\n"
+        "            frame = frame.f_back\n        return 0.0\n"
+        "    def __float__(self):\n        return self._peek()\n    def __eq__(self, other):\n        return True\n"
+        "    __hash__ = float.__hash__\n"
+        "def critical_lr(X):\n    return Sneaky()\n"),
+    "enable-grad-undoes-no-autograd": (
+        "def mse_grad(w, X, y):\n    with torch.enable_grad():\n        w = w.detach().requires_grad_(True)\n"
+        "        return torch.autograd.grad(((X @ w - y) ** 2).mean(), w)[0]\n"),
+}
+LIAR_CELLS = {"tensor-subclass-allclose": "mse_grad_answer", "float-subclass-reads-frames": "critical_lr_answer",
+              "enable-grad-undoes-no-autograd": "mse_grad_answer"}
+LIAR_EXERCISE = {"tensor-subclass-allclose": "mse_grad", "float-subclass-reads-frames": "critical_lr",
+                 "enable-grad-undoes-no-autograd": "mse_grad"}
+
+
 @pytest.fixture(scope="module")
 def graded_class(tmp_path_factory):
-    a = assignment_named(ONE)
-    full = a.grade_cells()
-    zero = {k: 0.0 for k in full}
-    answers = reference_answers(a)
     root = tmp_path_factory.mktemp("class")
     cls = root / "class"
     expected: dict[tuple[str, str], Expected] = {}
 
     def add(student, nb, scores, status="ok"):
         if nb is not None:
-            put(cls, student, a, nb)
+            put(cls, student, A, nb)
         expected[student, ONE] = Expected(scores, status)
 
     def raw(student, name, content: str | bytes):
@@ -76,91 +154,97 @@ def graded_class(tmp_path_factory):
         path = cls / student / ONE / name
         path.write_bytes(content if isinstance(content, bytes) else content.encode())
 
-    # correct, blank and wrong work
+    # correct, blank and wrong work: every mutant costs exactly its exercise
     for i in range(3):
-        add(f"correct-{i}", reference_submission(a), full)
-    add("blank", nbformat.read(a.release, as_version=4), zero)
-    for mutant in load_mutants(a)[::3]:
-        broken = {k: 0.0 for k in mutant.breaks}
-        add(f"wrong-{mutant.name}", mutant_submission(a, [mutant]), {**full, **broken})
+        add(f"correct-{i}", reference_submission(A), FULL)
+    add("blank", blank(), ZERO)
+    for mutant in load_mutants(A):
+        add(f"wrong-{mutant.name}", mutant_submission(A, [mutant]), {**FULL, mutant.exercise: 0.0})
+
+    # hostile: blank answers plus an attack earn nothing; liars' answers earn nothing for their exercise
+    # (status: anything — interference may be noted for the instructor)
+    for name, attack in ATTACKS.items():
+        add(f"attack-{name}", with_cell(attack, base=blank()), ZERO, status="")
+    for name, liar in LIARS.items():
+        add(f"liar-{name}", with_answer(LIAR_CELLS[name], liar), {**FULL, LIAR_EXERCISE[name]: 0.0}, status="")
+    # an answer that prints whatever the tests ran, cell after cell: earns what it is worth, shows nothing hidden
+    nb = with_cell("print(_i, _ii, _iii)\nprint(stolen if 'stolen' in dir() else '')",
+                   after="critical_lr", base=with_cell(ATTACKS["audit-hook-steals-tests"]))
+    for test in ("mse_grad", "numerical_grad", "gradient_descent"):
+        nb = with_cell("print(_i, _ii, _iii)", after=test, base=nb)
+    add("prints-history-after-tests", nb, FULL)
 
     # files that are not what they should be
-    raw("corrupted-json", a.notebook, '{"cells": [ this is not json')
-    add("corrupted-json", None, zero, "invalid notebook: JSONDecodeError")
-    raw("binary-garbage", a.notebook, bytes(range(256)) * 4)
-    add("binary-garbage", None, zero, "invalid notebook")
-    old = json.loads(nbformat.writes(reference_submission(a)))
+    raw("corrupted-json", A.notebook, '{"cells": [ this is not json')
+    add("corrupted-json", None, ZERO, "invalid notebook: JSONDecodeError")
+    raw("binary-garbage", A.notebook, bytes(range(256)) * 4)
+    add("binary-garbage", None, ZERO, "invalid notebook")
+    old = json.loads(nbformat.writes(reference_submission(A)))
     old["nbformat"] = 3
-    raw("wrong-nbformat", a.notebook, json.dumps(old))
-    add("wrong-nbformat", None, zero, "invalid notebook: ValueError: nbformat 3")
+    raw("wrong-nbformat", A.notebook, json.dumps(old))
+    add("wrong-nbformat", None, ZERO, "invalid notebook: ValueError: nbformat 3")
     raw("nothing-handed-in", "notes.txt", "forgot the notebook")
-    add("nothing-handed-in", None, zero, "missing notebook 01_gradient_descent.ipynb (found: no notebook)")
-    raw("renamed", "my_work.ipynb", nbformat.writes(reference_submission(a)))
+    add("nothing-handed-in", None, ZERO, "missing notebook 01_gradient_descent.ipynb (found: no notebook)")
+    raw("renamed", "my_work.ipynb", nbformat.writes(reference_submission(A)))
     raw("renamed", "scratch.txt", "x")
-    add("renamed", None, full, "renamed: graded my_work.ipynb as 01_gradient_descent.ipynb; extra files ignored: scratch.txt")
+    add("renamed", None, FULL, "renamed: graded my_work.ipynb as 01_gradient_descent.ipynb; extra files ignored: scratch.txt")
+    raw("uploaded-twice", f"{ONE} (1).ipynb", nbformat.writes(reference_submission(A)))
+    add("uploaded-twice", None, FULL, f"renamed: graded {ONE} (1).ipynb as {ONE}.ipynb")
+    odd = json.loads(nbformat.writes(reference_submission(A)))
+    odd["cells"][0]["metadata"]["nbgrader"] = "not a dict"
+    raw("string-metadata", A.notebook, json.dumps(odd))
+    add("string-metadata", None, FULL, "ok")
 
-    # tampering with cells: undone from the source, named in the status
-    nb = reference_submission(a)
+    # tampering with cells: undone from the source, named in the status, no points lost or gained
+    nb = reference_submission(A)
     nb.cells = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") != "critical_lr"]
-    add("deleted-test-cell", nb, full, "tampered: deleted cell critical_lr restored")
-    add("edited-test-cell", with_answer("mse_grad", "print('all tests passed')"), full,
+    add("deleted-test-cell", nb, FULL, "tampered: deleted cell critical_lr restored")
+    add("edited-test-cell", with_answer("mse_grad", "print('all tests passed')"), FULL,
         "tampered: edited locked cell mse_grad restored")
-    add("edited-read-only-cell", with_answer("setup", "X = y = None"), full, "tampered: edited locked cell setup restored")
-    nb = reference_submission(a)
-    _cells(nb)["gradient_descent"].metadata.nbgrader.update(grade=False, points=100)
-    add("changed-metadata", nb, full, "tampered: changed metadata of gradient_descent restored")
-    nb = reference_submission(a)
-    nb.cells.append(nb.cells[[i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == "mse_grad"][0]].copy())
-    add("duplicated-test-cell", nb, full, "tampered: duplicated cell mse_grad ignored")
-    nb = reference_submission(a)
+    add("edited-read-only-cell", with_answer("setup", "X = y = None"), FULL, "tampered: edited locked cell setup restored")
+    nb = reference_submission(A)
+    nb.cells[_index(nb, "gradient_descent")].metadata.nbgrader.update(grade=False, points=100)
+    add("changed-metadata", nb, FULL, "tampered: changed metadata of gradient_descent restored")
+    nb = reference_submission(A)
+    nb.cells.append(nb.cells[_index(nb, "mse_grad")].copy())
+    add("duplicated-test-cell", nb, FULL, "tampered: duplicated cell mse_grad ignored")
+    nb = reference_submission(A)
     nb.cells = []
-    add("emptied-notebook", nb, zero, "tampered: deleted answer cell mse_grad_answer restored")
-
-    # changing what the tests call: no points for the tests it could fool
-    wrong_mse = "def mse_grad(w, X, y):\n    return torch.zeros_like(w)"
-    add("shadows-check", with_answer("mse_grad_answer", wrong_mse + "\ncheck_tensor = lambda *args, **kwargs: None"),
-        zero, "tampered: cell mse_grad_answer redefines 'check_tensor', which the tests use")
-    add("patches-torch", with_code("critical_lr_answer", "torch.linalg.eigvalsh = lambda H: torch.ones(1)"),
-        {**full, "critical_lr": 0.0}, "tampered: cell critical_lr_answer patches torch.linalg.eigvalsh")
-    add("hooks-ipython", with_code("numerical_grad_answer", "get_ipython().events.register('pre_run_cell', print)"),
-        {**full, "numerical_grad": 0.0, "gradient_descent": 0.0, "critical_lr": 0.0},
-        "tampered: cell numerical_grad_answer calls get_ipython()")
-    nb = reference_submission(a)
-    added = nbformat.v4.new_code_cell("import helpers.checks\nhelpers.checks.check_scalar = lambda *a, **k: None")
-    index = [i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == "gradient_descent"][0]
-    nb.cells.insert(index + 1, added)
-    add("patches-helpers-in-own-cell", nb, {**full, "critical_lr": 0.0}, "patches helpers.checks.check_scalar")
-    add("reads-test-source", with_code("mse_grad_answer", "leak = In[-1]"),
-        zero, "tampered: cell mse_grad_answer uses In")
+    add("emptied-notebook", nb, ZERO, "tampered: deleted answer cell mse_grad_answer restored")
 
     # reaching outside: the sandbox hides files and the network (points only if the attack works)
-    solution = str(a.source)
-    add("reads-solutions", with_answer("mse_grad_answer", "import os\n" + earns_only_if(f"os.path.exists({solution!r})")),
-        {**full, "mse_grad": 0.0, "gradient_descent": 0.0})
+    lose_mse = {**FULL, "mse_grad": 0.0}
+    add("reads-solutions", with_answer("mse_grad_answer", "import os\n" + earns_only_if(f"os.path.exists({str(A.source)!r})")),
+        lose_mse)
     add("reads-other-students", with_answer("mse_grad_answer", "import os\n" + earns_only_if(
-        f"os.path.exists({str(cls / 'correct-0')!r})")), {**full, "mse_grad": 0.0, "gradient_descent": 0.0})
-    add("reads-hidden-tests-in-cwd", with_answer("mse_grad_answer", "import glob\n" + earns_only_if(
-        "glob.glob('*.ipynb') or glob.glob('../*/*.ipynb')")), {**full, "mse_grad": 0.0, "gradient_descent": 0.0})
+        f"os.path.exists({str(cls / 'correct-0')!r})")), lose_mse)
+    add("reads-the-reference-records", with_answer("mse_grad_answer", "import os\n" + earns_only_if(
+        f"os.path.exists({str(REPO / 'build')!r})")), lose_mse)
+    add("reads-notebooks-in-cwd", with_answer("mse_grad_answer", "import glob\n" + earns_only_if(
+        "glob.glob('*.ipynb') or glob.glob('../*/*.ipynb')")), lose_mse)
     add("uses-network", with_answer("mse_grad_answer", "import socket\n" + earns_only_if(
-        "any(name != 'lo' for _, name in socket.if_nameindex())")), {**full, "mse_grad": 0.0, "gradient_descent": 0.0})
+        "any(name != 'lo' for _, name in socket.if_nameindex())")), lose_mse)
 
-    # failing while running: the cells before keep their points
-    add("never-finishes", with_code("numerical_grad_answer", "while True:\n    pass"), full,
+    # failing while running: a crash costs only what it breaks
+    add("never-finishes", with_code("numerical_grad_answer", "while True:\n    pass"), FULL,
         "timeout in cell numerical_grad_answer")
     add("ignores-interrupt", with_code("gradient_descent_answer",
                                        "import time\nwhile True:\n    try:\n        time.sleep(0.05)\n"
                                        "    except KeyboardInterrupt:\n        pass"),
-        {**full, "gradient_descent": 0.0, "critical_lr": 0.0}, "timeout in cell gradient_descent_answer")
-    add("kernel-dies", with_answer("critical_lr_answer", "import os\nos._exit(1)"), {**full, "critical_lr": 0.0},
+        {**FULL, "gradient_descent": 0.0}, "timeout in cell gradient_descent_answer (the kernel was stopped)")
+    add("kernel-dies", with_answer("critical_lr_answer", "import os\nos._exit(1)"), {**FULL, "critical_lr": 0.0},
         "kernel died in cell critical_lr_answer")
-    add("eats-memory", with_code("critical_lr_answer", "hog = bytearray(8 * 2**30)"), full,
+    add("kernel-dies-in-a-test", with_answer("numerical_grad_answer", "import os\ndef numerical_grad(f, w, eps=1e-3):\n"
+                                             "    os._exit(1)"), {**FULL, "numerical_grad": 0.0},
+        "kernel died in test numerical_grad")
+    add("eats-memory", with_code("critical_lr_answer", "hog = bytearray(8 * 2**30)"), FULL,
         "out of memory in cell critical_lr_answer")
-    add("floods-output", with_code("numerical_grad_answer", "print('x' * 3_000_000)"), full,
+    add("floods-output", with_code("numerical_grad_answer", "print('x' * 3_000_000)"), FULL,
         "output too large in cell numerical_grad_answer")
 
     out = root / "graded"
     autograde(cls, out, "--timeout", TIMEOUT)
-    assert len(expected) >= 30
+    assert len(expected) >= 50
     return expected, out, cls
 
 
@@ -169,17 +253,17 @@ def test_every_submission_gets_its_points_and_status(graded_class):
     assert mismatches(read_rows(out), expected) == []
 
 
-def test_feedback_never_shows_hidden_tests_or_tracebacks(graded_class):
+def test_feedback_never_shows_hidden_tests_or_what_ran_after_them(graded_class):
     _, out, _ = graded_class
-    hidden = secret_lines(nbformat.read(assignment_named(ONE).source, as_version=4), solutions=False)
+    hidden = secret_lines(nbformat.read(A.source, as_version=4), solutions=False)
     pages = sorted((out / "feedback").rglob("*.html"))
-    assert len(pages) >= 20
+    assert len(pages) >= 40
     for page in pages:
         text = page.read_text()
-        assert not [line for line in hidden if line in text], f"{page} shows hidden test lines"
-        assert "BEGIN HIDDEN TESTS" not in text
+        assert not hidden & shown_lines(text), f"{page} shows hidden test lines"
+        assert "_tml_probe" not in text and "BEGIN HIDDEN TESTS" not in text
     wrong = (out / "feedback" / "wrong-gradient_descent_ascends" / ONE / f"{ONE}.html").read_text()
-    assert "CheckFailure" in wrong and "most recent call last" not in wrong  # message kept, traceback dropped
+    assert "0 / 3 points" in wrong and "record the loss before each update" not in wrong.split("losses")[0]
 
 
 def test_regrading_from_scratch_one_at_a_time_gives_the_same_csv(graded_class):
@@ -204,35 +288,116 @@ def test_an_interrupted_batch_resumes_without_regrading(graded_class):
     assert (results / "blank" / f"{ONE}.fingerprint").exists()
 
 
-def test_a_kernel_leaves_nothing_behind_for_the_next_student(tmp_path):
-    """One worker grades all three in order: traps set by the first must not reach the second or stop the third."""
-    a = assignment_named(ONE)
-    full = a.grade_cells()
-    shared = "glob.glob('/tmp/work') + glob.glob('/dev/shm') + glob.glob('/tmp/forkserver-*/runtime')"
-    traps = (
-        "import glob, os, signal, subprocess\n"
-        f"for folder in {shared}:\n"
-        "    open(os.path.join(folder, 'planted'), 'w').write('x')\n"
-        "subprocess.Popen(['python', '-c', 'import time\\nwhile True: time.sleep(0.1)'], start_new_session=True)\n"
-        "for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGSTOP, signal.SIGKILL):\n"
-        "    os.kill(1, sig)  # the fork server, PID 1 of the sandbox\n"
-    )
-    look = (
-        "import glob, os\n"
-        f"leftover = [f for folder in {shared} for f in glob.glob(os.path.join(folder, 'planted'))]\n"
-        "leftover += [p for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, os.getpid())]\n"
-    )
-    cls = tmp_path / "class"
-    put(cls, "a-sets-traps", a, with_code("mse_grad_answer", traps))
-    put(cls, "b-finds-traps", a, with_answer("mse_grad_answer", look + earns_only_if("leftover")))
-    put(cls, "c-correct", a, reference_submission(a))
-    autograde(cls, tmp_path / "out", "--timeout", TIMEOUT, "--jobs", "1")
-    expected = {
-        ("a-sets-traps", ONE): Expected(full, "ok"),
-        ("b-finds-traps", ONE): Expected({**full, "mse_grad": 0.0, "gradient_descent": 0.0}, "ok"),
-        ("c-correct", ONE): Expected(full, "ok"),
-    }
-    assert mismatches(read_rows(tmp_path / "out"), expected) == []
+HABITS = {
+    "scratch-reuses-lesson-names": ("lr = 0.1\nX = torch.randn(4, 3)\ny = torch.randn(4)\n"
+                                    "model = torch.nn.Linear(3, 1)\nloss_fn = None\nw = None", "mse_grad_answer"),
+    "loops-and-prints": ("for _ in range(3):\n    pass\nfor i in range(2000):\n    print(i)", "mse_grad_answer"),
+    "magics": ("%matplotlib inline\nimport sys\nimport matplotlib.pyplot as plt\nplt.rcParams['figure.figsize'] = (4, 3)",
+               "setup"),
+    "cell-magic-time": ("%%time\nsum(range(10_000))", "numerical_grad_answer"),
+    "temporary-results": ("grad = mse_grad(torch.zeros(3), torch.randn(5, 3), torch.randn(5))\n"
+                          "w, losses = gradient_descent(torch.zeros(2), torch.randn(9, 2), torch.randn(9), 0.1, 3)",
+                          "gradient_descent_answer"),
+    "own-helper-named-mse": ("def mse(v, X, y):\n    return ((X @ v - y) ** 2).mean()\nmse(torch.zeros(2), X, y)",
+                             "mse_grad_answer"),
+    "progress-bar-on-stderr": ("from tqdm.auto import tqdm\nfor _ in tqdm(range(50)):\n    pass", "mse_grad"),
+    "warnings": ("import warnings\nwarnings.warn('my own warning')\n"
+                 "torch.tensor([1.0], requires_grad=True).grad  # a torch UserWarning", "critical_lr"),
+    "plots": ("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()", "gradient_descent"),
+    "an-error-in-a-scratch-cell": ("1 / 0", "numerical_grad"),
+}
+
+
+@pytest.fixture(scope="module")
+def honest_class(tmp_path_factory):
+    """Reference answers plus one ordinary habit each: every one must earn full marks with status ok."""
+    root = tmp_path_factory.mktemp("honest")
+    cls = root / "class"
+    for name, (code, after) in HABITS.items():
+        put(cls, name, A, with_cell(code, after=after))
+    # A wrong first try kept in a cell above the final answer, and a renamed copy below it.
+    draft = reference_submission(A)
+    final = draft.cells[_index(draft, "mse_grad_answer")].source
+    draft.cells.insert(_index(draft, "mse_grad_answer"), nbformat.v4.new_code_cell(
+        "def mse_grad(w, X, y):\n    return X.T @ (X @ w - y)  # draft: factor 2 and 1/n missing"))
+    put(cls, "drafts-beside-the-answer", A, with_cell(final.replace("def mse_grad", "def mse_grad_v1"),
+                                                      after="mse_grad_answer", base=draft))
+    put(cls, "private-helper", A, with_answer("mse_grad_answer", "def _residual(w, X, y):\n    return X @ w - y\n\n"
+                                               "def mse_grad(w, X, y):\n    return 2.0 / X.shape[0] * X.T @ _residual(w, X, y)"))
+    put(cls, "extra-markdown", A, with_cell("## My notes\n<b>bold</b> and $x^2$", after="mse_grad", cell_type="markdown"))
+    # Files as other editors save them.
+    old = json.loads(nbformat.writes(reference_submission(A)))
+    old["nbformat_minor"] = 4
+    for cell in old["cells"]:
+        cell.pop("id", None)
+    (cls / "saved-as-nbformat-4.4" / ONE).mkdir(parents=True)
+    (cls / "saved-as-nbformat-4.4" / ONE / A.notebook).write_text(json.dumps(old))
+    vscode = json.loads(nbformat.writes(reference_submission(A)))
+    vscode["metadata"]["vscode"] = {"interpreter": {"hash": "abc"}}
+    vscode["metadata"]["kernelspec"] = {"name": ".venv", "display_name": ".venv", "language": "python"}
+    for cell in vscode["cells"]:
+        cell["metadata"]["vscode"] = {"languageId": "python"}
+    (cls / "saved-by-vscode-crlf" / ONE).mkdir(parents=True)
+    (cls / "saved-by-vscode-crlf" / ONE / A.notebook).write_bytes(json.dumps(vscode, indent=1).replace("\n", "\r\n").encode())
+    colab = json.loads(nbformat.writes(reference_submission(A)))
+    colab["metadata"].update(colab={"provenance": []}, accelerator="GPU")
+    for cell in colab["cells"]:
+        cell["metadata"]["colab"] = {"base_uri": "https://localhost:8080/"}
+        if cell["cell_type"] == "code":
+            cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "ran on colab\n"}]
+            cell["execution_count"] = 1
+    (cls / "saved-by-colab-with-outputs" / ONE).mkdir(parents=True)
+    (cls / "saved-by-colab-with-outputs" / ONE / A.notebook).write_text(json.dumps(colab))
+    out = root / "graded"
+    autograde(cls, out, "--timeout", TIMEOUT)
+    return read_rows(out), out
+
+
+def test_honest_habits_cost_nothing(honest_class):
+    rows, _ = honest_class
+    assert len(rows) == len(HABITS) + 6
+    problems = [f"{student}: {scores} {status} {messages}" for (student, _), (scores, status, messages) in rows.items()
+                if scores != FULL or status != "ok"]
+    assert problems == []
+
+
+def test_feedback_shows_the_students_own_output_from_before_the_tests(honest_class):
+    _, out = honest_class
+    page = (out / "feedback" / "scratch-reuses-lesson-names" / ONE / f"{ONE}.html").read_text()
+    assert "your cell" in page and "10 / 10" in page
+    prints = (out / "feedback" / "loops-and-prints" / ONE / f"{ONE}.html").read_text()
+    assert "1999" in prints  # its cell runs before the first test
+    markdown = (out / "feedback" / "extra-markdown" / ONE / f"{ONE}.html").read_text()
+    assert "&lt;b&gt;bold&lt;/b&gt;" in markdown and "<b>bold</b>" not in markdown
+
+
+def test_a_broken_environment_stops_grading_instead_of_writing_zeros(tmp_path, monkeypatch):
+    put(tmp_path / "class", "someone", A, reference_submission(A))
+    monkeypatch.setenv(sandbox.MEMORY_ENV, str(256 * 2**20))  # too little for torch: every kernel fails
+    run = autograde(tmp_path / "class", tmp_path / "out", "--timeout", TIMEOUT, check=False)
+    assert run.returncode == 4, run.stdout + run.stderr
+    assert "no grades written" in run.stderr and "reference solution" in run.stderr
+    assert not (tmp_path / "out" / "grades.csv").exists()
+
+
+def test_anything_that_decides_a_grade_changes_the_cache_key(tmp_path, monkeypatch):
+    copy = tmp_path / "repo"
+    for folder in ("grader", "helpers"):
+        shutil.copytree(REPO / folder, copy / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    before = code_digest(copy)
+    for edited in ("grader/judge.py", "grader/forkserver.py", "grader/nbgrader_config.py",
+                   "grader/mutants/01_gradient_descent.toml", "helpers/checks.py", "helpers/scenario.py"):
+        original = (copy / edited).read_bytes()
+        (copy / edited).write_bytes(original + b"\n# edited\n")
+        assert code_digest(copy) != before, edited
+        (copy / edited).write_bytes(original)
+    assert code_digest(copy) == before
+    monkeypatch.setenv(sandbox.MEMORY_ENV, "123456789")
+    assert code_digest(copy) != before
+    monkeypatch.delenv(sandbox.MEMORY_ENV)
+    import torch
+    monkeypatch.setattr(torch, "__version__", "0.0.0")
+    assert code_digest(copy) != before
 
 
 def test_grading_refuses_without_the_sandbox(tmp_path, monkeypatch):
@@ -244,13 +409,3 @@ def test_grading_refuses_without_the_sandbox(tmp_path, monkeypatch):
 def test_sandbox_is_installed_by_the_setup():
     assert sandbox.bwrap_works(), "bubblewrap must be installed by ./course setup"
     assert (sandbox.kernelspec_dir() / "kernel.json").exists()
-
-
-def test_student_bundle_holds_no_solution(tmp_path):
-    files = bundle(tmp_path / "bundle")
-    names = {p.relative_to(tmp_path / "bundle").parts[0] for p in files}
-    assert names == {"notebooks", "helpers", "course", "requirements.txt", "environment.yml", "pyproject.toml", "README.md"}
-    assert bundle_leaks(tmp_path / "bundle") == []
-    run = subprocess.run([PYTHON, "-m", "grader", "bundle", str(tmp_path / "second")], cwd=REPO,
-                         capture_output=True, text=True)
-    assert run.returncode == 0, run.stdout

@@ -50,7 +50,7 @@ def printable(text: str) -> str:
 
 def slug(name: str) -> str:
     """A student or folder name made safe for a path; '' when nothing safe is left."""
-    cleaned = re.sub(r"[^A-Za-z0-9._@+-]+", "-", name).strip("-.")
+    cleaned = re.sub(r"-*\.-*", ".", re.sub(r"[^A-Za-z0-9._@+-]+", "-", name)).strip("-.")
     return cleaned if SAFE_NAME.match(cleaned) else ""
 
 

@@ -1,0 +1,120 @@
+"""Collecting hand-ins: LMS zips as instructors have them, and folders no hand-in can use to stop the batch."""
+
+import csv
+import io
+import os
+import resource
+import zipfile
+
+import nbformat
+import pytest
+
+from conftest import autograde, read_rows
+from grader.autograde import csv_cell, write_csv
+from grader.course import assignment_named, assignments
+from grader.mutants import reference_submission
+from grader.submissions import collect, printable, unpack_zip
+from grader.worker import Result
+
+ONE = "01_gradient_descent"
+A = assignment_named(ONE)
+
+
+def _zip(path, members: dict[str, str]):
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, text in members.items():
+            zf.writestr(name, text)
+    return path
+
+
+def _found(root):
+    return {(s.student, s.assignment): s for s in collect(root, assignments())}
+
+
+def test_canvas_students_are_keyed_by_user_id_and_re_uploads_are_graded(tmp_path):
+    notebook = nbformat.writes(reference_submission(A))
+    archive = _zip(tmp_path / "canvas.zip", {
+        f"smithjohn_1234_5678_{ONE}.ipynb": notebook,
+        f"smithjohn_1299_5679_{ONE} (1).ipynb": notebook,  # another John Smith, uploaded twice
+        f"doejane_LATE_1300_5680_{ONE}_final.ipynb": notebook,
+        f"leeann_1301_5681_{ONE}-2.ipynb": notebook,
+        "roeray_1302_5682_my homework.ipynb": notebook,  # another name, one notebook: the zip is for one assignment
+        "../escape.ipynb": "{}",
+    })
+    found = _found(unpack_zip(archive, tmp_path / "unpacked", assignments()))
+    assert set(found) == {(s, ONE) for s in ("smithjohn_1234", "smithjohn_1299", "doejane_1300", "leeann_1301", "roeray_1302")}
+    assert found["smithjohn_1234", ONE].notes == []
+    assert found["smithjohn_1299", ONE].notes == [f"renamed: graded {ONE}-1.ipynb as {ONE}.ipynb"]
+    assert found["roeray_1302", ONE].notes == [f"renamed: graded my-homework.ipynb as {ONE}.ipynb"]
+    assert all(s.notebook is not None and not s.problem for s in found.values())
+    assert found["doejane_1300", ONE].submitted_at  # the time the zip recorded for the upload
+    assert not (tmp_path / "escape.ipynb").exists()
+
+
+def test_moodle_folders_are_understood(tmp_path):
+    archive = _zip(tmp_path / "moodle.zip", {
+        f"Ann Lee_4411_assignsubmission_file_/{ONE}.ipynb": nbformat.writes(reference_submission(A)),
+        f"Ann Lee_4412_assignsubmission_file_/{ONE}.ipynb": nbformat.writes(reference_submission(A)),
+    })
+    found = _found(unpack_zip(archive, tmp_path / "unpacked", assignments()))
+    assert set(found) == {("Ann-Lee_4411", ONE), ("Ann-Lee_4412", ONE)}
+
+
+def test_a_folder_of_traps_never_stops_collection(tmp_path):
+    root = tmp_path / "class"
+    good = root / "alice" / ONE
+    good.mkdir(parents=True)
+    nbformat.write(reference_submission(A), good / A.notebook)
+    with open(good / "huge.bin", "wb") as f:  # a 3 GiB sparse file: never read
+        f.truncate(3 * 2**30)
+    os.mkfifo(good / "pipe")
+    os.symlink("/proc/self/mem", good / "mem.ipynb")
+    linked = root / "bob" / ONE
+    linked.mkdir(parents=True)
+    os.symlink(A.source, linked / A.notebook)  # the solution notebook, by a link
+    os.symlink(root / "alice", root / "carol")  # a whole student folder that is someone else's
+    (root / "=cmd|calc").mkdir()
+    (root / "dave" / "not-an-assignment").mkdir(parents=True)
+    locked = root / "erin" / ONE
+    locked.mkdir(parents=True)
+    nbformat.write(reference_submission(A), locked / A.notebook)
+    os.chmod(locked, 0)
+    found = _found(root)
+    alice = found["alice", ONE]
+    assert alice.notebook == good / A.notebook and not alice.problem
+    assert "link mem.ipynb refused" in alice.notes and "special file pipe ignored" in alice.notes
+    assert found["bob", ONE].problem.startswith("missing notebook") and "link 01_gradient_descent.ipynb refused" in found["bob", ONE].notes
+    assert found["carol", "?"].problem == "refused: the student folder is a link"
+    assert any("unsafe folder name" in s.problem for s in found.values())
+    assert found["dave", "not-an-assignment"].problem.startswith("unknown assignment folder")
+    if os.geteuid() != 0:  # root reads a mode-0 folder anyway
+        assert found["erin", ONE].problem.startswith("could not read")
+
+
+@pytest.mark.slow
+def test_the_batch_survives_the_traps_with_bounded_memory(tmp_path):
+    root = tmp_path / "class"
+    for student in ("alice", "bob"):
+        (root / student / ONE).mkdir(parents=True)
+        nbformat.write(reference_submission(A), root / student / ONE / A.notebook)
+    with open(root / "alice" / ONE / "data.bin", "wb") as f:
+        f.truncate(3 * 2**30)
+    os.symlink("/proc/self/mem", root / "alice" / ONE / "zz.ipynb")
+    (root / "mallory" / ONE).mkdir(parents=True)
+    os.symlink(A.source, root / "mallory" / ONE / A.notebook)
+    autograde(root, tmp_path / "out", "--timeout", "20")
+    rows = read_rows(tmp_path / "out")
+    assert sum(rows["alice", ONE][0].values()) == sum(rows["bob", ONE][0].values()) == 10
+    assert sum(rows["mallory", ONE][0].values()) == 0
+    assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss < 2 * 2**20  # KiB: under 2 GiB
+
+
+def test_spreadsheet_formulas_and_terminal_codes_are_neutralised(tmp_path):
+    results = [Result("=HYPERLINK(\"http://x\")", ONE, {}, {}, ["renamed: graded \x1b[31mred\x1b[0m.ipynb"]),
+               Result("+1", ONE, {}, {}, ["-2"]), Result("@sum", ONE, {}, {}, [])]
+    write_csv(results, {ONE: A}, tmp_path / "grades.csv")
+    rows = list(csv.reader(io.StringIO((tmp_path / "grades.csv").read_text())))[1:]
+    assert [r[0] for r in rows] == ["'+1", "'=HYPERLINK(\"http://x\")", "'@sum"]
+    assert "\x1b" not in (tmp_path / "grades.csv").read_text()
+    assert rows[0][-1] == "'-2"
+    assert csv_cell("ok") == "ok" and printable("a\x1b[2Jb\n") == "a\\x1b[2Jb\\n"

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from grader import sandbox
 from grader.course import REPO, Assignment, assignments
-from grader.grading import GradingEnvironmentBroken, plain_kernel_factory, reference_records
+from grader.grading import GradingEnvironmentBroken, known_mistakes, plain_kernel_factory, reference_records
 from grader.release import generate
 from grader.submissions import MAX_NOTEBOOK_BYTES, Submission, collect, printable, unpack_zip
 from grader.worker import Result, Spec
@@ -197,10 +197,15 @@ def autograde(
     env = dict(os.environ)
     # Parallel kernels share the cores: one torch thread per kernel keeps them from fighting.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))
-    # What every hidden observation must be, from the reference solution (raises when it fails here).
+    # What every hidden observation must be, from the reference solution (raises when it fails here),
+    # and what each known mistake records (to name the one a wrong answer behaves like). Cached per version.
+    def prepare(name: str) -> None:
+        kernels = plain_kernel_factory({"OMP_NUM_THREADS": env["OMP_NUM_THREADS"]})
+        reference_records(known[name], kernels, timeout)
+        known_mistakes(known[name], kernels, timeout)
+
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        list(pool.map(lambda a: reference_records(known[a], plain_kernel_factory(
-            {"OMP_NUM_THREADS": env["OMP_NUM_THREADS"]}), timeout), graded))
+        list(pool.map(prepare, graded))
     code = code_digest()
     results: list[Result] = []
     pending: list[tuple[Spec, str, float]] = []

@@ -69,7 +69,7 @@ def _selftest(args: argparse.Namespace) -> int:
     except GradingEnvironmentBroken as err:
         print(f"✗ grading stopped: {err}")
         return 1
-    problems = mismatches({(r.student, r.assignment): (r.scores, "; ".join(r.status) or "ok", r.messages)
+    problems = mismatches({(r.student, r.assignment): (r.scores, "; ".join(r.status) or "ok", r.messages, r.mistakes)
                            for r in results}, expected)
     for problem in problems:
         print(f"✗ {problem}")

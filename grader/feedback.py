@@ -117,13 +117,16 @@ def _points(value: float) -> str:
 
 
 def write_feedback(path: Path, *, student: str, assignment: str, notebook: nbformat.NotebookNode, graded: Graded,
-                   status: list[str]) -> None:
-    """Write the feedback page for one graded submission."""
+                   status: list[str], mistakes: dict[str, str] | None = None) -> None:
+    """Write the feedback page for one graded submission; `mistakes`: test → the known mistake it looks like."""
     total = sum(v.points for v in graded.verdicts.values())
     maximum = sum(v.max_points for v in graded.verdicts.values())
+    mistakes = mistakes or {}
     rows = "".join(
         f'<tr><td>{html.escape(v.test)}</td><td class="{"pass" if v.passed else "fail"}">{_points(v.points)} / '
-        f"{_points(v.max_points)}</td><td>{_text(v.message) or 'passed'}</td></tr>"
+        f"{_points(v.max_points)}</td><td>{_text(v.message) or 'passed'}"
+        + (f"<br><i>This looks like a known mistake: {_text(mistakes[v.test])}.</i>" if v.test in mistakes else "")
+        + "</td></tr>"
         for v in graded.verdicts.values())
     notes = "".join(f"<li>{_text(note)}</li>" for note in status) or "<li>ok</li>"
     body = "".join(_cells(notebook, graded))

@@ -16,7 +16,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
@@ -25,8 +25,8 @@ from jupyter_client import KernelManager
 from grader import harness
 from grader.course import REPO, Assignment
 from grader.harness import DIED, KILLED, NOT_RUN, OUTPUT_LIMIT, TIMEOUT, Kernel, Step, StepRun
-from grader.judge import BadPayload, ScenarioRecord, Verdict, decode_payload, judge
-from grader.mutants import reference_submission
+from grader.judge import BadPayload, ScenarioRecord, Verdict, behaves_like, decode_payload, judge
+from grader.mutants import load_mutants, mutant_submission, pack_mutants, reference_submission
 from grader.scenarios import scenarios
 
 REFERENCE_CACHE = REPO / "build" / "reference-records"
@@ -45,6 +45,7 @@ class Graded:
     steps: list[Step]
     runs: list[StepRun]
     verdicts: dict[str, Verdict]
+    mistakes: dict[str, str] = field(default_factory=dict)  # failed test -> known mistake (mutant) it behaves like
 
     @property
     def first_test(self) -> int:
@@ -87,8 +88,8 @@ FAILURE_WORDS = {
 }
 
 
-def verdict(test: str, points: float, reference: ScenarioRecord, run: StepRun, timeout: float) -> Verdict:
-    """Judge one scenario step against the reference record."""
+def received(test: str, run: StepRun, timeout: float) -> tuple[ScenarioRecord | None, str]:
+    """What one scenario step sent back, decoded, and what stopped it ('' when nothing did)."""
     failure = FAILURE_WORDS[run.failure].format(timeout=timeout)
     student = None
     if len(run.payloads) == 1:
@@ -102,18 +103,32 @@ def verdict(test: str, points: float, reference: ScenarioRecord, run: StepRun, t
         failure = failure or "more than one result came back (something in the notebook interferes with the tests)"
     else:
         failure = failure or "no result came back (something in the notebook interferes with the tests)"
-    return judge(test, points, reference, student, failure)
+    return student, failure
+
+
+def verdict(test: str, points: float, reference: ScenarioRecord, run: StepRun, timeout: float) -> Verdict:
+    """Judge one scenario step against the reference record."""
+    return judge(test, points, reference, *received(test, run, timeout))
 
 
 def grade_notebook(nb: nbformat.NotebookNode, assignment: Assignment, new_kernel: Callable[[], Kernel],
-                   timeout: float, records: dict[str, ScenarioRecord]) -> Graded:
-    """Run `nb` the grading way and judge every test cell."""
+                   timeout: float, records: dict[str, ScenarioRecord],
+                   known_mistakes: dict[str, dict[str, ScenarioRecord]] | None = None) -> Graded:
+    """Run `nb` the grading way and judge every test cell; name the known mistake a failed one behaves like."""
     steps = plan(nb, assignment)
     runs = harness.run_steps(steps, new_kernel, timeout)
     points = {s.test: s.points for s in scenarios(assignment)}
-    verdicts = {step.test: verdict(step.test, points[step.test], records[step.test], run, timeout)
-                for step, run in zip(steps, runs) if step.test}
-    return Graded(steps, runs, verdicts)
+    graded = Graded(steps, runs, {})
+    for step, run in zip(steps, runs):
+        if not step.test:
+            continue
+        student, failure = received(step.test, run, timeout)
+        graded.verdicts[step.test] = judge(step.test, points[step.test], records[step.test], student, failure)
+        if student is not None and not graded.verdicts[step.test].passed:
+            graded.mistakes[step.test] = next(
+                (name for name, mistake in (known_mistakes or {}).get(step.test, {}).items()
+                 if behaves_like(student, mistake, records[step.test])), "")
+    return graded
 
 
 def run_notes(graded: Graded) -> list[str]:
@@ -156,7 +171,8 @@ def _records_key(assignment: Assignment) -> str:
     import torch
 
     digest = hashlib.sha256(assignment.source.read_bytes())
-    for path in sorted((REPO / "helpers").glob("*.py")) + [REPO / "grader" / "probe.py", REPO / "grader" / "scenarios.py"]:
+    extra = [REPO / "grader" / "probe.py", REPO / "grader" / "scenarios.py", REPO / "grader" / "mutants" / f"{assignment.name}.toml"]
+    for path in sorted((REPO / "helpers").glob("*.py")) + [p for p in extra if p.exists()]:
         digest.update(path.name.encode() + path.read_bytes())
     digest.update(f"{torch.__version__} {sys.version}".encode())
     return digest.hexdigest()[:16]
@@ -169,10 +185,7 @@ def reference_records(assignment: Assignment, new_kernel: Callable[[], Kernel], 
         payloads = json.loads(path.read_text())
     else:
         payloads = _run_reference(assignment, new_kernel, timeout)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = Path(tempfile.mkstemp(dir=path.parent, suffix=".partial")[1])
-        partial.write_text(json.dumps(payloads))
-        partial.replace(path)
+        _write_atomically(path, payloads)
     return {test: decode_payload(payload) for test, payload in payloads.items()}
 
 
@@ -196,6 +209,35 @@ def _run_reference(assignment: Assignment, new_kernel: Callable[[], Kernel], tim
             raise GradingEnvironmentBroken(f"{where}: the scenario observes nothing, so any answer would pass")
         payloads[step.test] = run.payloads[0]
     return payloads
+
+
+def known_mistakes(assignment: Assignment, new_kernel: Callable[[], Kernel], timeout: float) -> dict[str, dict[str, ScenarioRecord]]:
+    """test → mutant name → what that mutant's scenario recorded (cached like the reference records).
+
+    The mutants are the course's own code, run the student's way in a trusted kernel, once per version.
+    """
+    path = REFERENCE_CACHE / f"{assignment.name}-mutants-{_records_key(assignment)}.json"
+    if path.exists():
+        payloads = json.loads(path.read_text())
+    else:
+        payloads = {}
+        for group in pack_mutants(load_mutants(assignment)):
+            steps = plan(mutant_submission(assignment, group), assignment)
+            runs = harness.run_steps(steps, new_kernel, timeout)
+            ran = {step.test: run for step, run in zip(steps, runs) if step.test}
+            for mutant in group:
+                run = ran[mutant.exercise]
+                if not run.failure and len(run.payloads) == 1:
+                    payloads.setdefault(mutant.exercise, {})[mutant.name] = run.payloads[0]
+        _write_atomically(path, payloads)
+    return {test: {name: decode_payload(p) for name, p in by_name.items()} for test, by_name in payloads.items()}
+
+
+def _write_atomically(path: Path, data: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkstemp(dir=path.parent, suffix=".partial")[1])
+    partial.write_text(json.dumps(data))
+    partial.replace(path)
 
 
 # --- kernels ---------------------------------------------------------------------------------------------

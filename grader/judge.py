@@ -311,3 +311,21 @@ def judge(test: str, max_points: float, reference: ScenarioRecord, student: Scen
         if problem:
             return Verdict(test, 0.0, max_points, problem)
     return Verdict(test, max_points, max_points)
+
+
+def behaves_like(student: ScenarioRecord, mistake: ScenarioRecord, reference: ScenarioRecord) -> bool:
+    """True when the student's scenario agrees with a known mistake's on every observation the reference made.
+
+    Precision first: every observation must be present in both or missing in both (then ended by the same
+    error), and each present pair must match under the reference's tolerances.
+    """
+    got = {item.name: item.value for item in student.observed}
+    theirs = {item.name: item.value for item in mistake.observed}
+    for item in reference.observed:
+        if (item.name in got) != (item.name in theirs):
+            return False
+        if item.name not in got:
+            return student.error == mistake.error
+        if compare(got[item.name], theirs[item.name], item.name, item.spec) is not None:
+            return False
+    return True

@@ -25,6 +25,7 @@ class Expected:
     status: str = "ok"
     why: str = ""
     says: dict[str, str] = field(default_factory=dict)  # exercise -> what its feedback message must contain
+    mistakes: dict[str, str] = field(default_factory=dict)  # exercise -> the known mistake it must be recognised as
 
 
 def put(root: Path, student: str, assignment: Assignment, nb: nbformat.NotebookNode) -> Path:
@@ -51,7 +52,8 @@ def write_selftest_class(root: Path, chosen: list[Assignment]) -> dict[tuple[str
             expected[student, assignment.name] = Expected(
                 {k: 0.0 if k in broken else v for k, v in full.items()},
                 why=", ".join(f"{m.name} ({m.why})" for m in group),
-                says={k: m.says for k, m in broken.items() if m.says})
+                says={k: m.says for k, m in broken.items() if m.says},
+                mistakes={k: m.name for k, m in broken.items()})
     # Students who hand in some assignments but not others get a row saying so.
     students = {s for s, _ in expected}
     for assignment in chosen:
@@ -61,7 +63,8 @@ def write_selftest_class(root: Path, chosen: list[Assignment]) -> dict[tuple[str
     return expected
 
 
-Row = tuple[dict[str, float], str, dict[str, str]]  # points per exercise, status, message per failed exercise
+# points per exercise, status, message per failed exercise, known mistake per failed exercise
+Row = tuple[dict[str, float], str, dict[str, str], dict[str, str]]
 
 
 def mismatches(rows: dict[tuple[str, str], Row], expected: dict[tuple[str, str], Expected]) -> list[str]:
@@ -71,7 +74,11 @@ def mismatches(rows: dict[tuple[str, str], Row], expected: dict[tuple[str, str],
         if key not in rows:
             problems.append(f"{key[0]}/{key[1]}: no row in grades.csv")
             continue
-        scores, status, messages = rows[key]
+        scores, status, messages, mistakes = rows[key]
+        for exercise, name in want.mistakes.items():
+            if mistakes.get(exercise) != name:
+                problems.append(f"{key[0]}/{key[1]}: {exercise} was recognised as {mistakes.get(exercise) or 'no known mistake'}, "
+                                f"not {name} (two mutants that behave alike on every probe are one mistake)")
         for exercise, fragment in want.says.items():
             if fragment not in messages.get(exercise, ""):
                 problems.append(f"{key[0]}/{key[1]}: the message for {exercise} does not say {fragment!r}: "

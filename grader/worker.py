@@ -25,7 +25,8 @@ from grader import sandbox
 from grader.course import assignment_named, put_interpreter_on_path
 from grader.feedback import write_feedback
 from grader.rebuild import rebuild
-from grader.grading import canary, grade_notebook, plain_kernel_factory, reference_records, run_notes
+from grader.grading import canary, grade_notebook, known_mistakes, plain_kernel_factory, reference_records, run_notes
+from grader.mutants import load_mutants
 from grader.scenarios import scenarios
 from grader.submissions import MAX_NOTEBOOK_BYTES
 
@@ -57,6 +58,7 @@ class Result:
     max_scores: dict[str, float]
     status: list[str] = field(default_factory=list)
     messages: dict[str, str] = field(default_factory=dict)  # test id -> what its failure says
+    mistakes: dict[str, str] = field(default_factory=dict)  # failed test id -> the known mistake (mutant) it matches
     broken: str = ""  # set when the grading environment failed its canary: no grade was given
 
 
@@ -117,12 +119,15 @@ def grade(spec: Spec) -> Result:
             result.broken = problem
             return result
         _CANARY_PASSED.add(assignment.name)
-    graded = grade_notebook(rebuilt, assignment, new_kernel, spec.timeout, records)
+    mistakes = known_mistakes(assignment, plain_kernel_factory(), spec.timeout)
+    graded = grade_notebook(rebuilt, assignment, new_kernel, spec.timeout, records, mistakes)
     result.scores = {test: v.points for test, v in graded.verdicts.items()}
     result.messages = {test: v.message for test, v in graded.verdicts.items() if v.message}
+    result.mistakes = {test: name for test, name in graded.mistakes.items() if name}
     result.status += run_notes(graded)
+    whys = {m.name: m.why for m in load_mutants(assignment)}
     write_feedback(Path(spec.feedback), student=spec.student, assignment=spec.assignment, notebook=rebuilt,
-                   graded=graded, status=result.status)
+                   graded=graded, status=result.status, mistakes={t: whys[n] for t, n in result.mistakes.items()})
     return result
 
 

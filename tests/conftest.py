@@ -25,17 +25,18 @@ def autograde(submissions, out, *extra, check=True):
 
 
 def read_rows(out):
-    """A graded class as (student, assignment) → (points per exercise, status, message per failed exercise).
+    """A graded class as (student, assignment) → (points, status, message and known mistake per failed exercise).
 
-    Points and status come from grades.csv (what the instructor gets); messages from results.json.
+    Points and status come from grades.csv (what the instructor gets); the rest from results.json.
     """
     with open(out / "grades.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    messages = {(r["student"], r["assignment"]): r["messages"] for r in json.loads((out / "results.json").read_text())}
+    details = {(r["student"], r["assignment"]): r for r in json.loads((out / "results.json").read_text())}
     fixed = {"student", "assignment", "total", "max_total", "status"}
     return {
         (r["student"], r["assignment"]): ({k: float(v) for k, v in r.items() if k not in fixed and v != ""}, r["status"],
-                                          messages.get((r["student"], r["assignment"]), {}))
+                                          details.get((r["student"], r["assignment"]), {}).get("messages", {}),
+                                          details.get((r["student"], r["assignment"]), {}).get("mistakes", {}))
         for r in rows
     }
 

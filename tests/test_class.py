@@ -356,7 +356,7 @@ def honest_class(tmp_path_factory):
 def test_honest_habits_cost_nothing(honest_class):
     rows, _ = honest_class
     assert len(rows) == len(HABITS) + 6
-    problems = [f"{student}: {scores} {status} {messages}" for (student, _), (scores, status, messages) in rows.items()
+    problems = [f"{student}: {scores} {status} {messages}" for (student, _), (scores, status, messages, _) in rows.items()
                 if scores != FULL or status != "ok"]
     assert problems == []
 

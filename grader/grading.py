@@ -46,6 +46,16 @@ class Graded:
     runs: list[StepRun]
     verdicts: dict[str, Verdict]
     mistakes: dict[str, str] = field(default_factory=dict)  # failed test -> known mistake (mutant) it behaves like
+    clock: dict[str, float] = field(default_factory=dict)  # seconds spent starting and stopping kernels
+
+    def seconds(self) -> dict[str, float]:
+        """Where the time went: kernels, set-up cells, the student's cells, hidden-test scenarios."""
+        spent = {"kernel start": 0.0, "kernel stop": 0.0, **self.clock, "set-up cells": 0.0, "student cells": 0.0,
+                 "scenarios": 0.0}
+        for step, run in zip(self.steps, self.runs):
+            kind = "scenarios" if step.test else "student cells" if step.by_student else "set-up cells"
+            spent[kind] += run.seconds
+        return spent
 
     @property
     def first_test(self) -> int:
@@ -116,9 +126,10 @@ def grade_notebook(nb: nbformat.NotebookNode, assignment: Assignment, new_kernel
                    known_mistakes: dict[str, dict[str, ScenarioRecord]] | None = None) -> Graded:
     """Run `nb` the grading way and judge every test cell; name the known mistake a failed one behaves like."""
     steps = plan(nb, assignment)
-    runs = harness.run_steps(steps, new_kernel, timeout)
+    clock: dict[str, float] = {}
+    runs = harness.run_steps(steps, new_kernel, timeout, clock)
     points = {s.test: s.points for s in scenarios(assignment)}
-    graded = Graded(steps, runs, {})
+    graded = Graded(steps, runs, {}, clock=clock)
     for step, run in zip(steps, runs):
         if not step.test:
             continue

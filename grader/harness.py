@@ -55,14 +55,18 @@ class StepRun:
     failure: str = ""  # TIMEOUT, KILLED, DIED, OUTPUT_LIMIT, NOT_RUN or ""
     seconds: float = 0.0
     payloads: list[dict] = field(default_factory=list)  # scenario results (probe.MIME display data)
+    reason: str = ""  # DIED: why, when the sandbox knows (a limit it enforces); see Kernel.exit_reason
 
 
 class Kernel:
     """One kernel, driven message by message."""
 
-    def __init__(self, manager: KernelManager, startup_timeout: float = 120, scratch: str = "", **start: object) -> None:
+    def __init__(self, manager: KernelManager, startup_timeout: float = 120, scratch: str = "",
+                 exit_reason: Callable[[], str] | None = None, **start: object) -> None:
         self.manager = manager
         self.scratch = scratch  # a folder of the kernel's own, removed when it stops
+        # after the kernel died: which limit killed it ("memory limit: …"), or "" when nothing says
+        self.exit_reason = exit_reason or (lambda: "")
         manager.start_kernel(**start)
         self.client = manager.client()
         self.client.start_channels()
@@ -105,6 +109,7 @@ class Kernel:
             except Empty:
                 if not self.alive():
                     result.failure = DIED
+                    result.reason = self.exit_reason()
                     break
                 continue
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
@@ -168,31 +173,43 @@ def scenario_code(test: str, code: str, answers: tuple[str, ...], inject: str = 
 
 
 def run_steps(steps: list[Step], new_kernel: Callable[[], Kernel], timeout: float,
-              on_step: Callable[[int, StepRun], None] | None = None) -> list[StepRun]:
-    """Run every step in order; after a crash, a new kernel replays the cells that ran and grading goes on."""
+              clock: dict[str, float] | None = None) -> list[StepRun]:
+    """Run every step in order; after a crash, a new kernel replays the cells that ran and grading goes on.
+
+    `clock`, when given, adds up the seconds spent starting kernels (with replays) and stopping them.
+    """
+    clock = {} if clock is None else clock
+
+    def timed(key: str, began: float) -> None:
+        clock[key] = clock.get(key, 0.0) + time.monotonic() - began
+
     runs: list[StepRun] = []
     kernel: Kernel | None = None
     replay: list[Step] = []  # cells (never scenarios) that ran without taking the kernel down
     restarts = 0
     try:
-        for index, step in enumerate(steps):
+        for step in steps:
             if kernel is None:
+                began = time.monotonic()
                 kernel, restarts = _fresh(new_kernel, replay, timeout, restarts, first=not runs)
+                timed("kernel start", began)
             if kernel is None:
                 run = StepRun(failure=NOT_RUN)
             else:
                 run = kernel.run(step.code, timeout, store_history=not step.test)
                 if run.failure in (KILLED, DIED):
+                    began = time.monotonic()
                     kernel.stop()
                     kernel = None
+                    timed("kernel stop", began)
                 elif not step.test:
                     replay.append(step)
             runs.append(run)
-            if on_step:
-                on_step(index, run)
     finally:
         if kernel is not None:
+            began = time.monotonic()
             kernel.stop()
+            timed("kernel stop", began)
     return runs
 
 

@@ -15,6 +15,7 @@ import logging
 import os
 import stat
 import sys
+import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -59,6 +60,7 @@ class Result:
     status: list[str] = field(default_factory=list)
     messages: dict[str, str] = field(default_factory=dict)  # test id -> what its failure says
     mistakes: dict[str, str] = field(default_factory=dict)  # failed test id -> the known mistake (mutant) it matches
+    seconds: dict[str, float] = field(default_factory=dict)  # where grading spent its time (benchmarks/run.py)
     broken: str = ""  # set when the grading environment failed its canary: no grade was given
 
 
@@ -120,7 +122,9 @@ def grade(spec: Spec) -> Result:
             return result
         _CANARY_PASSED.add(assignment.name)
     mistakes = known_mistakes(assignment, plain_kernel_factory(), spec.timeout)
+    started = time.monotonic()
     graded = grade_notebook(rebuilt, assignment, new_kernel, spec.timeout, records, mistakes)
+    judged = time.monotonic()
     result.scores = {test: v.points for test, v in graded.verdicts.items()}
     result.messages = {test: v.message for test, v in graded.verdicts.items() if v.message}
     result.mistakes = {test: name for test, name in graded.mistakes.items() if name}
@@ -128,6 +132,8 @@ def grade(spec: Spec) -> Result:
     whys = {m.name: m.why for m in load_mutants(assignment)}
     write_feedback(Path(spec.feedback), student=spec.student, assignment=spec.assignment, notebook=rebuilt,
                    graded=graded, status=result.status, mistakes={t: whys[n] for t, n in result.mistakes.items()})
+    spent = graded.seconds()
+    result.seconds = {**spent, "judging": judged - started - sum(spent.values()), "feedback": time.monotonic() - judged}
     return result
 
 

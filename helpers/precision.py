@@ -5,14 +5,17 @@ work. `time_call` synchronises (CUDA events on a GPU, `perf_counter` on the CPU,
 is synchronous). `measure_precision` trains the same model for a few steps of a given AMP step
 function (notebook 06's `amp_train_step`, the student's own) under one autocast dtype and reports
 time per step, peak memory (CUDA only: torch has no allocator statistics for the CPU) and the final
-loss; `scripts/gpu_check.py` and notebook 06 both build their tables with it.
+loss; `scripts/gpu_check.py` and notebook 06 both build their tables with it. On a GPU the fp32 row
+can be measured with TF32 matmuls off (true fp32) or on (`tf32=`), peak memory is counted above what was
+allocated before the run, and `bf16_support` says whether bf16 is native or emulated on the device.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +47,32 @@ def time_call(fn: Callable[[], object], device: torch.device, *, repeats: int = 
     return (time.perf_counter() - began) / repeats
 
 
+def bf16_support(device: torch.device) -> str:
+    """"native", "emulated" or "not supported" for bf16 on a CUDA device; "cpu" for the CPU (notebook 06).
+
+    `torch.cuda.is_bf16_supported()` also says True on GPUs that only emulate bf16 (e.g. a T4, compute
+    capability 7.5): bf16 runs there, without tensor-core speed. Native bf16 needs compute capability 8.0+.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return "cpu"
+    if torch.cuda.get_device_capability(device) >= (8, 0):
+        return "native"
+    return "emulated" if torch.cuda.is_bf16_supported() else "not supported"
+
+
+@contextlib.contextmanager
+def tf32_matmuls(enabled: bool) -> Iterator[None]:
+    """Switch TF32 for CUDA matmuls and cuDNN convolutions on or off inside the block, then restore both (notebook 06)."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
 def make_mlp(width: int = 256, depth: int = 3, d_in: int = 64, d_out: int = 10, seed: int = 0) -> nn.Sequential:
     """A seeded ReLU MLP with LayerNorm, the model every precision measurement trains (notebook 06)."""
     torch.manual_seed(seed)
@@ -61,9 +90,10 @@ class PrecisionRow:
     label: str
     device: str
     ms_per_step: float
-    peak_mib: float | None  # None on the CPU: torch keeps no allocator statistics there
+    peak_mib: float | None  # peak allocated above baseline_mib; None on the CPU (no allocator statistics there)
     final_loss: float
     skipped_steps: int
+    baseline_mib: float | None = None  # allocated on the device before the run (earlier tensors); None on the CPU
 
 
 # amp_train_step(model, batch, loss_fn, optimizer, scaler, device, dtype) -> loss (notebook 06's contract)
@@ -80,12 +110,27 @@ def measure_precision(
     width: int = 256,
     depth: int = 3,
     seed: int = 0,
+    tf32: bool | None = None,
 ) -> PrecisionRow:
     """Train `make_mlp` for `steps` Adam steps of `train_step` under autocast(`dtype`) (None = fp32) and measure it (notebook 06).
 
     fp16 gets an enabled GradScaler (the scale guards against underflow); bf16 has fp32's exponent
     range and fp32 needs no scaling, so theirs is disabled. Parameters stay fp32 in every row.
+    `tf32` (CUDA only) runs the row with TF32 matmuls switched on or off (None: leave the setting as it is).
+    Peak memory is counted above what was already allocated on the device when the call began.
     """
+    device = torch.device(device)
+    if tf32 is not None and device.type != "cuda":
+        raise ValueError("tf32= switches CUDA matmuls only; on the CPU leave it None")
+    baseline = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    with tf32_matmuls(tf32) if tf32 is not None else contextlib.nullcontext():
+        return _measure(train_step, device, dtype, steps, batch, width, depth, seed, tf32, baseline)
+
+
+def _measure(train_step: AmpStep, device: torch.device, dtype: torch.dtype | None, steps: int, batch: int, width: int,
+             depth: int, seed: int, tf32: bool | None, baseline: int | None) -> PrecisionRow:
     model = make_mlp(width, depth, seed=seed).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -106,11 +151,12 @@ def measure_precision(
             skipped += 1
         return loss
 
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
     seconds = time_call(step, device, repeats=steps, warmup=2)
-    peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+    peak = (torch.cuda.max_memory_allocated(device) - baseline) / 2**20 if baseline is not None else None
     with torch.no_grad():
         final = float(loss_fn(model(X).float(), y))
     label = {None: "fp32", torch.bfloat16: "bf16 autocast", torch.float16: "fp16 autocast + GradScaler"}[dtype]
-    return PrecisionRow(label, str(device), seconds * 1000.0, peak, final, skipped)
+    if dtype is None and tf32 is not None:
+        label = "fp32, TF32 matmuls" if tf32 else "fp32, TF32 off"
+    return PrecisionRow(label, str(device), seconds * 1000.0, peak, final, skipped,
+                        baseline / 2**20 if baseline is not None else None)

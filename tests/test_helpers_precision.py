@@ -1,4 +1,5 @@
-"""Tests for helpers.precision: timing on the CPU, the seeded MLP, and one measured precision row per dtype."""
+"""Tests for helpers.precision: timing on the CPU, the seeded MLP, one measured precision row per dtype, and the
+GPU-only switches (TF32, bf16 support) as far as the CPU can test them."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pytest
 import torch
 
 from grader.mutants import reference_function
-from helpers.precision import PrecisionRow, make_mlp, measure_precision, synchronize, time_call
+from helpers.precision import (PrecisionRow, bf16_support, make_mlp, measure_precision, synchronize, tf32_matmuls,
+                               time_call)
 
 CPU = torch.device("cpu")
 # the reference answer of notebook 06: helpers must not carry it (students receive helpers/)
@@ -43,7 +45,7 @@ def test_make_mlp_is_seeded_and_shaped():
 def test_measure_precision_row_on_cpu(dtype):
     row = measure_precision(amp_train_step, CPU, dtype, steps=2, batch=16, width=16, depth=2)
     assert isinstance(row, PrecisionRow)
-    assert row.device == "cpu" and row.peak_mib is None
+    assert row.device == "cpu" and row.peak_mib is None and row.baseline_mib is None
     assert row.ms_per_step > 0 and row.skipped_steps == 0
     assert torch.isfinite(torch.tensor(row.final_loss))
     assert row.label.startswith({None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype])
@@ -53,3 +55,33 @@ def test_measure_precision_lowers_the_loss():
     start = measure_precision(amp_train_step, CPU, None, steps=1, batch=32, width=16, depth=2)
     longer = measure_precision(amp_train_step, CPU, None, steps=20, batch=32, width=16, depth=2)
     assert longer.final_loss < start.final_loss
+
+
+def test_tf32_is_refused_on_cpu():
+    with pytest.raises(ValueError, match="CUDA"):
+        measure_precision(amp_train_step, CPU, None, tf32=True, steps=1, batch=8, width=8, depth=2)
+
+
+def test_tf32_matmuls_switches_and_restores_both_flags():
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    for wanted in (True, False):
+        with tf32_matmuls(wanted):
+            assert torch.backends.cuda.matmul.allow_tf32 is wanted and torch.backends.cudnn.allow_tf32 is wanted
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == saved
+    with pytest.raises(RuntimeError), tf32_matmuls(not saved[0]):
+        raise RuntimeError("restored on errors too")
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == saved
+
+
+def test_bf16_support_on_cpu():
+    assert bf16_support(CPU) == "cpu"
+    assert bf16_support("cpu") == "cpu"
+
+
+@pytest.mark.parametrize("capability, says_supported, expected", [
+    ((9, 0), True, "native"), ((8, 0), True, "native"), ((7, 5), True, "emulated"), ((6, 1), False, "not supported")])
+def test_bf16_support_reads_the_compute_capability(monkeypatch, capability, says_supported, expected):
+    # A T4 (7.5) answers is_bf16_supported() with True through emulation: only >= 8.0 is native.
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: says_supported)
+    assert bf16_support(torch.device("cuda")) == expected

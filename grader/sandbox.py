@@ -1,27 +1,39 @@
-"""The grading sandbox: a Jupyter kernel that runs student code inside bubblewrap.
+"""The grading sandbox: every submission's Jupyter kernel in namespaces of its own, with real limits.
 
-Inside, the kernel sees the operating system, Python and `helpers/` read-only, its own connection
-folder, and an empty /tmp as its working directory — not `solutions/`, the gradebook, the
-notebook with the hidden tests, nor other students' files. It has no network (only loopback, for
-gloo), its own process namespace, a cap on address space and file size, and it dies with the
-grader. The kernelspec `course-sandbox` starts `python -m grader.sandbox {connection_file}`: while
-`python -m grader autograde` runs, that asks the worker's ForkServer (a sandbox whose Python has
-torch imported already) for a kernel; anywhere else it builds the bwrap command line and replaces
-itself with bwrap.
+Each submission's kernel is forked from a warm process that has torch imported (grader/forkserver.py)
+and then gets fresh user, mount, IPC, network, UTS, PID and cgroup namespaces: a root filesystem of
+read-only binds (the operating system, Python, `helpers/`), a sized tmpfs for /tmp (its home and
+working folder) and /dev/shm, loopback only, and a uid that is `nobody` on the host when the grader runs
+as root (the grader's own uid otherwise) with no capabilities. It sees neither `solutions/`, the
+gradebook, the notebook with the hidden tests nor other students' files, and nothing it leaves — files,
+mounts, processes, IPC objects — outlives it. The only folder it shares with the grader holds its
+sockets and is read-only from the moment the kernel listens.
+
+Limits per submission (environment variables; see `Limits`): memory of all its processes together
+(cgroup v2 memory.max where the grader may create cgroups, cgroup v1 where only that exists, else a
+watchdog in the sandbox's PID 1 — `enforcement()` says which holds here), processes (RLIMIT_NPROC in
+its user namespace), writable space (tmpfs sizes), bytes per file, CPU seconds per process.
+
+The kernelspec `course-sandbox` starts `python -m grader.sandbox {connection_file}`: while
+`python -m grader autograde` runs, that asks the worker's ForkServer for a kernel; anywhere else it
+builds the same sandbox for one kernel without the warm process.
 
     python -m grader.sandbox install     # write the kernelspec into this environment (./course setup does it)
+    python -m grader.sandbox check       # can the sandbox be built here, and how are its limits enforced
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-import resource
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 KERNEL_NAME = "course-sandbox"
@@ -29,19 +41,261 @@ KERNEL_NAME = "course-sandbox"
 MEMORY_ENV = "COURSE_SANDBOX_MEMORY_BYTES"
 DEFAULT_MEMORY_BYTES = 4 * 2**30
 MAX_FILE_BYTES = 256 * 2**20
+DISK_ENV = "COURSE_SANDBOX_DISK_BYTES"  # tmpfs for /tmp (home and working folder)
+SHM_ENV = "COURSE_SANDBOX_SHM_BYTES"  # tmpfs for /dev/shm; 0: none
+PROCESSES_ENV = "COURSE_SANDBOX_PROCESSES"  # processes and threads of the submission
+CPU_ENV = "COURSE_SANDBOX_CPU_SECONDS"  # per process
+CGROUPS_ENV = "COURSE_SANDBOX_CGROUPS"  # "off": no cgroup, the memory watchdog instead
 HELPERS = Path(__file__).resolve().parent.parent / "helpers"
 FORKSERVER = Path(__file__).resolve().parent / "forkserver.py"
-# Set by grader.worker while it grades: the control socket of its ForkServer.
+# Set by grader.sandbox.kernel_factory for the kernelspec launcher: the fork server's control socket,
+# and the request for this submission (written by ForkServer.next_runtime).
 FORKSERVER_ENV = "COURSE_FORKSERVER"
+REQUEST_ENV = "COURSE_SANDBOX_REQUEST"
+NOBODY = 65534
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one submission may use; every field can be set through its environment variable."""
+
+    memory_bytes: int = DEFAULT_MEMORY_BYTES  # all processes together
+    address_space_bytes: int = DEFAULT_MEMORY_BYTES  # RLIMIT_AS of each process (torch needs about 1.5 GiB)
+    file_bytes: int = MAX_FILE_BYTES  # RLIMIT_FSIZE
+    disk_bytes: int = 512 * 2**20  # /tmp
+    shm_bytes: int = 64 * 2**20  # /dev/shm and System V shared memory
+    inodes: int = 65536  # files in /tmp
+    processes: int = 256  # RLIMIT_NPROC: processes and threads
+    cpu_seconds: int = 600  # RLIMIT_CPU of each process
+
+    @classmethod
+    def from_env(cls) -> Limits:
+        def number(name: str, default: int) -> int:
+            return int(os.environ.get(name, default))
+
+        base = cls()
+        memory = number(MEMORY_ENV, base.memory_bytes)
+        return cls(memory_bytes=memory, address_space_bytes=memory, disk_bytes=number(DISK_ENV, base.disk_bytes),
+                   shm_bytes=number(SHM_ENV, base.shm_bytes), processes=number(PROCESSES_ENV, base.processes),
+                   cpu_seconds=number(CPU_ENV, base.cpu_seconds))
+
+    def json(self) -> str:
+        return json.dumps(asdict(self))
+
+
+def limits_key() -> str:
+    """Everything about the sandbox that can change a grade (for a cache key)."""
+    return Limits.from_env().json() + os.environ.get(CGROUPS_ENV, "")
+
+
+# --- cgroups ------------------------------------------------------------------------------------------------
+
+def _mountinfo() -> list[tuple[str, str, str, str]]:
+    """(root, mount point, fs type, super options) of each mount this process sees."""
+    found = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            tail = fields[fields.index("-") + 1:]
+            found.append((fields[3], fields[4], tail[0], tail[2] if len(tail) > 2 else ""))
+    return found
+
+
+class MemoryCgroups:
+    """One cgroup per submission with its memory limit, below the grader's own cgroup.
+
+    v2: needs the memory controller enabled for the grader's cgroup's children (delegation); v1: needs
+    write access to the memory hierarchy (a root grader). `detect()` returns None where neither works.
+    """
+
+    def __init__(self, version: int, base: Path, tag: str) -> None:
+        self.version, self.base, self.tag = version, base, tag
+
+    @classmethod
+    def detect(cls, tag: str) -> MemoryCgroups | None:
+        if os.environ.get(CGROUPS_ENV, "auto") == "off":
+            return None
+        for candidate in (cls._v2(tag), cls._v1(tag)):
+            if candidate is not None and candidate._works():
+                return candidate
+        return None
+
+    @classmethod
+    def _v2(cls, tag: str) -> MemoryCgroups | None:
+        try:
+            path = next(line.split(":", 2)[2].strip() for line in open("/proc/self/cgroup") if line.startswith("0::"))
+            mount = next(point for root, point, fstype, _ in _mountinfo() if fstype == "cgroup2" and root == "/")
+        except (OSError, StopIteration):
+            return None
+        base = Path(mount + path)
+        try:
+            if "memory" not in (base / "cgroup.subtree_control").read_text().split():
+                (base / "cgroup.subtree_control").write_text("+memory")
+        except OSError:
+            return None
+        return cls(2, base, tag)
+
+    @classmethod
+    def _v1(cls, tag: str) -> MemoryCgroups | None:
+        try:
+            path = next(line.split(":", 2)[2].strip() for line in open("/proc/self/cgroup")
+                        if "memory" in line.split(":", 2)[1].split(","))
+            mount = next(point for root, point, fstype, opts in _mountinfo()
+                         if fstype == "cgroup" and "memory" in opts.split(",") and root == "/")
+        except (OSError, StopIteration, IndexError):
+            return None
+        return cls(1, Path(mount + path), tag)
+
+    def _works(self) -> bool:
+        try:
+            self.create("probe", 2**30)
+        except OSError:
+            return False
+        finally:
+            self.remove("probe")
+        return True
+
+    def path(self, name: str) -> Path:
+        return self.base / f"tml-{self.tag}-{name}"
+
+    def create(self, name: str, memory_bytes: int) -> list[str]:
+        """A fresh cgroup limited to `memory_bytes` (no swap); the cgroup.procs file a process writes 0 into."""
+        folder = self.path(name)
+        self.remove(name)
+        folder.mkdir()
+        if self.version == 2:
+            (folder / "memory.max").write_text(str(memory_bytes))
+            if (folder / "memory.swap.max").exists():
+                (folder / "memory.swap.max").write_text("0")
+            if (folder / "memory.oom.group").exists():  # over the limit, the whole submission goes, as with v1's
+                (folder / "memory.oom.group").write_text("1")  # watchdog: the status then names the limit
+        else:
+            (folder / "memory.limit_in_bytes").write_text(str(memory_bytes))
+            if (folder / "memory.memsw.limit_in_bytes").exists():
+                (folder / "memory.memsw.limit_in_bytes").write_text(str(memory_bytes))
+        return [str(folder / "cgroup.procs")]
+
+    def oom_kills(self, name: str) -> int:
+        """How many processes the kernel killed in this cgroup for going over its limit."""
+        folder = self.path(name)
+        try:
+            text = (folder / ("memory.events" if self.version == 2 else "memory.oom_control")).read_text()
+        except OSError:
+            return 0
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return 0
+
+    def remove(self, name: str) -> None:
+        folder = self.path(name)
+        for _ in range(200):  # processes that are exiting still hold it for a moment
+            try:
+                folder.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                import time
+
+                time.sleep(0.01)
+
+
+def enforcement() -> dict[str, str]:
+    """How each limit is enforced on this machine, for this user (for the instructor and the README)."""
+    limits = Limits.from_env()
+    cgroups = MemoryCgroups.detect(f"check-{os.getpid()}")
+    memory = (f"cgroup v{cgroups.version} memory limit {limits.memory_bytes} bytes for all processes together"
+              if cgroups else
+              f"NO cgroup here (no delegated cgroup v2 memory controller, no writable v1 hierarchy): a watchdog "
+              f"in the sandbox's PID 1 kills the submission when its processes hold more than "
+              f"{limits.memory_bytes} bytes of anonymous and shared memory (polled every 50 ms)")
+    return {
+        "memory": memory + f"; RLIMIT_AS {limits.memory_bytes} bytes per process",
+        "processes": f"RLIMIT_NPROC {limits.processes} in the submission's user namespace",
+        "writable space": f"tmpfs /tmp {limits.disk_bytes} bytes, /dev/shm {limits.shm_bytes} bytes, "
+                          f"{limits.file_bytes} bytes per file (RLIMIT_FSIZE)",
+        "cpu": f"RLIMIT_CPU {limits.cpu_seconds} s per process",
+        "user": ("uid nobody outside its user namespace, no capabilities" if os.geteuid() == 0 else
+                 f"uid {os.geteuid()} (yours) outside its user namespace, no capabilities"),
+    }
+
+
+# --- what the sandbox binds ---------------------------------------------------------------------------------
+
+def _ro_binds() -> list[str]:
+    """What the kernel sees, read-only: the system, Python, the site-packages it imports from, and helpers/
+    (not the rest of the repository: not solutions/, not grader/)."""
+    paths = ["/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/etc", sys.base_prefix, sys.prefix, str(HELPERS)]
+    # e.g. another environment's packages, added by a .pth file
+    paths += [os.path.realpath(p) for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
+    paths = [p for p in dict.fromkeys(paths) if os.path.lexists(p)]
+    return [p for p in paths if not any(p.startswith(other.rstrip("/") + "/") for other in paths if other != p)]
+
+
+def _kernel_env() -> dict[str, str]:
+    return {
+        "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+        "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+        "LANG": os.environ.get("LANG", "C.UTF-8"),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYDEVD_DISABLE_FILE_VALIDATION": "1",  # debugpy (preloaded for ipykernel) warns about frozen modules
+    }
+
+
+def _request(folder: Path, cgroups: list[str], limits: Limits) -> dict:
+    return {"folder": str(folder), "ro_binds": _ro_binds(), "env": _kernel_env(), "cgroups": cgroups,
+            "watchdog": not cgroups, "limits": asdict(limits)}
+
+
+def _own_folder(folder: Path) -> None:
+    """The submission's socket folder, writable by the kernel's uid until the kernel seals it."""
+    folder.mkdir()
+    if os.geteuid() == 0:
+        os.chown(folder, NOBODY, NOBODY)
+
+
+def remove_tree(path: Path) -> None:
+    """Delete `path` whatever its contents' permissions (what a kernel wrote there before it was sealed)."""
+    if not os.path.lexists(path):
+        return
+    if path.is_dir() and not path.is_symlink():
+        os.chmod(path, stat.S_IRWXU)
+        for entry in path.iterdir():
+            remove_tree(entry)
+        path.rmdir()
+    else:
+        path.unlink()
+
+
+@functools.lru_cache(maxsize=1)
+def why_unavailable() -> str:
+    """'' when a kernel sandbox can be built here (tried once: namespaces, mounts, dropping privileges); else why not."""
+    folder = Path(tempfile.mkdtemp(prefix="sandbox-probe-"))
+    try:
+        _own_folder(folder / "run")
+        request = {**_request(folder / "run", [], Limits()), "probe": True}
+        probe = subprocess.run([sys.executable, str(FORKSERVER), "--single", json.dumps(request)],
+                               capture_output=True, text=True, timeout=60, env=_kernel_env())
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        remove_tree(folder)
+    if probe.returncode == 0:
+        return ""
+    lines = [line for line in probe.stderr.splitlines() if line.strip()]
+    return lines[-1] if lines else f"exit status {probe.returncode}"
 
 
 def bwrap_works() -> bool:
-    """True when bubblewrap is installed and can create namespaces here."""
-    if shutil.which("bwrap") is None:
-        return False
-    probe = subprocess.run(["bwrap", "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "true"],
-                           capture_output=True)
-    return probe.returncode == 0
+    """True when the kernel sandbox can be built here (its old name: bubblewrap is no longer needed).
+
+    The sandbox needs Linux user namespaces (unprivileged ones when the grader is not root) and a /proc
+    that is not partly hidden (as in a default Docker container).
+    """
+    return why_unavailable() == ""
 
 
 def kernelspec_dir(prefix: str = sys.prefix) -> Path:
@@ -63,88 +317,55 @@ def install_kernelspec(prefix: str = sys.prefix) -> Path:
     return folder
 
 
-def _ro_binds() -> list[str]:
-    paths = ["/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/etc", sys.base_prefix, sys.prefix, str(HELPERS)]
-    args: list[str] = []
-    for path in dict.fromkeys(paths):
-        if os.path.exists(path):
-            args += ["--ro-bind", path, path]
-    return args
-
-
-def _sandbox(runtime: str) -> list[str]:
-    """bwrap's options for a sandbox that shares only `runtime` (read-write) with the grader."""
-    mplconfig = Path(runtime) / "matplotlib"
-    mplconfig.mkdir(exist_ok=True)
-    cache = Path.home() / ".cache" / "matplotlib"
-    for fontlist in cache.glob("fontlist-*.json"):  # saves rebuilding the font cache in every kernel
-        shutil.copy(fontlist, mplconfig)
-    env = {
-        "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
-        "HOME": "/tmp",
-        "MPLCONFIGDIR": str(mplconfig),
-        "MPLBACKEND": "module://matplotlib_inline.backend_inline",
-        "LANG": os.environ.get("LANG", "C.UTF-8"),
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-        "PYTHONDONTWRITEBYTECODE": "1",
-    }
-    args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv"]
-    for key, value in env.items():
-        args += ["--setenv", key, value]
-    # Mount order matters: the empty /tmp first, so binds below it (the runtime folder) stay visible.
-    args += ["--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm"]
-    return args + _ro_binds() + ["--bind", runtime, runtime, "--chdir", "/tmp"]
-
-
-def command(connection_file: str) -> list[str]:
-    """The bwrap command line that runs an ipykernel on `connection_file`, in a sandbox of its own.
-
-    The connection must use the ipc transport: its socket folder (the `ip` path's parent) is the
-    only writable folder the sandbox shares with the grader, and the connection file is copied there.
-    """
-    runtime, inside = _connection_inside(connection_file)
-    return _sandbox(runtime) + [sys.executable, "-m", "ipykernel_launcher", "-f", inside]
-
-
 def _connection_inside(connection_file: str) -> tuple[str, str]:
-    """The runtime folder of an ipc connection, and the connection file copied into it."""
+    """The socket folder of an ipc connection, and the connection file copied into it."""
     info = json.loads(Path(connection_file).read_text())
     if info.get("transport") != "ipc":
-        raise SystemExit("the grading sandbox needs KernelManager.transport = 'ipc' (TCP cannot cross --unshare-net)")
-    runtime = Path(info["ip"]).resolve().parent
-    inside = runtime / "connection.json"
+        raise SystemExit("the grading sandbox needs KernelManager.transport = 'ipc' (TCP cannot cross its network namespace)")
+    folder = Path(info["ip"]).resolve().parent
+    inside = folder / "connection.json"
     shutil.copy(connection_file, inside)
-    return str(runtime), str(inside)
+    if os.geteuid() == 0:
+        os.chown(inside, NOBODY, NOBODY)
+    return str(folder), str(inside)
 
 
 class ForkServer:
-    """One long-lived sandbox (grader/forkserver.py) that forks a pre-imported kernel per submission.
+    """The worker's warm process (grader/forkserver.py); it builds a fresh sandbox for each kernel it forks.
 
-    Kernels it starts share its sandbox one after another, never at once: before each new kernel
-    it kills whatever the last one left running and empties /tmp (see grader/forkserver.py). The
-    kernelspec launcher finds it through the FORKSERVER_ENV variable.
+    One kernel at a time: `next_runtime` waits until everything of the last submission is gone, removes
+    its socket folder and cgroup, and prepares the next ones. The kernelspec launcher finds the server
+    and the request through the FORKSERVER_ENV and REQUEST_ENV variables.
     """
 
     def __init__(self) -> None:
-        self.folder = Path(tempfile.mkdtemp(prefix="forkserver-"))
+        self.folder = Path(tempfile.mkdtemp(prefix="forkserver-"))  # 0700: only the grader's user gets in
         self.runtime = self.folder / "runtime"
         self.runtime.mkdir()
-        self.control = self.folder / "control.sock"  # outside the sandbox: kernels cannot reach it
+        self.control = self.folder / "control.sock"
         self.process: subprocess.Popen | None = None
         self.submissions = 0
+        self.limits = Limits.from_env()
+        self.cgroups = MemoryCgroups.detect(f"{os.getpid()}-{self.folder.name[-8:]}")
+        if self.cgroups is None:
+            print("grader: no cgroup for the sandbox's memory limit here; a watchdog enforces it "
+                  "(python -m grader.sandbox check)", file=sys.stderr)
 
     def _start(self) -> None:
         self.stop()
         self.control.unlink(missing_ok=True)
+        mplconfig = self.folder / "matplotlib"
+        mplconfig.mkdir(exist_ok=True)
+        for fontlist in (Path.home() / ".cache" / "matplotlib").glob("fontlist-*.json"):  # no font-cache rebuild
+            shutil.copy(fontlist, mplconfig)
+        env = {**_kernel_env(), "HOME": str(self.folder), "MPLCONFIGDIR": str(mplconfig)}
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
             listener.bind(str(self.control))
             listener.listen(8)
-            memory = os.environ.get(MEMORY_ENV, str(DEFAULT_MEMORY_BYTES))
-            argv = _sandbox(str(self.runtime)) + ["--as-pid-1", "--ro-bind", str(FORKSERVER), str(FORKSERVER)]
-            argv += [sys.executable, str(FORKSERVER), str(listener.fileno()), str(self.runtime), memory,
-                     str(MAX_FILE_BYTES)]
+            argv = [sys.executable, str(FORKSERVER), str(listener.fileno())]
             # Only the server holds the listening socket: if it dies, connecting fails at once.
-            self.process = subprocess.Popen(argv, pass_fds=(listener.fileno(),), stdin=subprocess.DEVNULL)
+            self.process = subprocess.Popen(argv, pass_fds=(listener.fileno(),), stdin=subprocess.DEVNULL, env=env,
+                                            cwd=self.folder)
 
     def _ask(self, request: dict, timeout: float) -> str:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
@@ -153,8 +374,15 @@ class ForkServer:
             conn.sendall((json.dumps(request) + "\n").encode())
             return conn.makefile().readline().strip()
 
+    def _clean(self) -> None:
+        """Remove the last submission's socket folder, request, exit report and cgroup."""
+        for entry in self.runtime.iterdir():
+            remove_tree(entry)
+        if self.cgroups is not None and self.submissions:
+            self.cgroups.remove(str(self.submissions))
+
     def next_runtime(self, timeout: float = 120) -> Path:
-        """Wait until the sandbox is clean (restarting the server if it died or hangs); a fresh runtime folder."""
+        """Wait until the last submission is gone (restarting the server if it died or hangs); a fresh socket folder."""
         try:
             if self.process is None or self.process.poll() is not None:
                 raise ConnectionError("not running")
@@ -165,15 +393,26 @@ class ForkServer:
             self._start()
             if self._ask({}, timeout) != "idle":
                 raise RuntimeError("the grading sandbox did not start: see the worker log")
-        for entry in self.runtime.iterdir():  # whatever the last kernel left in the shared folder
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry)
-            else:
-                entry.unlink()
+        self._clean()
         self.submissions += 1
         folder = self.runtime / f"submission-{self.submissions}"
-        folder.mkdir()
+        _own_folder(folder)
+        cgroups = self.cgroups.create(str(self.submissions), self.limits.memory_bytes) if self.cgroups else []
+        folder.with_suffix(".request.json").write_text(json.dumps(_request(folder, cgroups, self.limits)))
         return folder
+
+    def exit_reason(self, folder: Path) -> str:
+        """Why the kernel of `folder` died, when a limit killed it; '' otherwise (or while it runs)."""
+        try:
+            report = json.loads(folder.with_suffix(".exit.json").read_text())
+        except (OSError, ValueError):
+            report = {}
+        if report.get("reason"):
+            return str(report["reason"])
+        name = folder.name.removeprefix("submission-")
+        if self.cgroups is not None and self.cgroups.oom_kills(name):
+            return f"memory limit: its processes together reached {self.limits.memory_bytes / 2**30:.2f} GiB (cgroup)"
+        return ""
 
     def stop(self) -> None:
         if self.process is not None:
@@ -183,7 +422,9 @@ class ForkServer:
 
     def close(self) -> None:
         self.stop()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        if self.cgroups is not None and self.submissions:
+            self.cgroups.remove(str(self.submissions))
+        remove_tree(self.folder)
 
 
 def kernel_factory(server: ForkServer):
@@ -193,39 +434,52 @@ def kernel_factory(server: ForkServer):
     from grader.harness import Kernel
 
     def start() -> Kernel:
-        runtime = server.next_runtime()
-        # ipc sockets in the folder the sandbox binds: TCP cannot cross --unshare-net.
-        manager = KernelManager(kernel_name=KERNEL_NAME, transport="ipc", ip=str(runtime / "kernel"))
-        manager.connection_file = str(runtime / "host-connection.json")
-        return Kernel(manager, env={**os.environ, FORKSERVER_ENV: str(server.control)})
+        folder = server.next_runtime()
+        # ipc sockets in the folder the sandbox binds: TCP cannot cross its network namespace.
+        manager = KernelManager(kernel_name=KERNEL_NAME, transport="ipc", ip=str(folder / "kernel"))
+        manager.connection_file = str(folder / "host-connection.json")
+        env = {**os.environ, FORKSERVER_ENV: str(server.control), REQUEST_ENV: str(folder.with_suffix(".request.json"))}
+        return Kernel(manager, env=env, exit_reason=lambda: server.exit_reason(folder))
 
     return start
 
 
-def _run_in_forkserver(control: str, connection_file: str) -> int:
+def _run_in_forkserver(control: str, request_file: str, connection_file: str) -> int:
     """Ask the fork server for a kernel and stay alive as long as it runs: jupyter_client watches this process."""
     _, inside = _connection_inside(connection_file)
+    request = {**json.loads(Path(request_file).read_text()), "connection_file": inside}
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.connect(control)
-        conn.sendall((json.dumps({"connection_file": inside}) + "\n").encode())
-        answer = conn.makefile().readline().split()
-    return int(answer[1]) if answer[:1] == ["exit"] else 1
+        conn.sendall((json.dumps(request) + "\n").encode())
+        answer = conn.makefile().readline()
+    try:
+        report = json.loads(answer)
+    except ValueError:
+        return 1
+    # beside the socket folder, not in it: the kernel never sees this file
+    Path(request_file.removesuffix(".request.json") + ".exit.json").write_text(json.dumps(report))
+    return int(report.get("exit", 1))
 
 
 def launch(connection_file: str) -> None:
-    """Start the kernel in the worker's fork server if there is one; else limit resources and become bwrap."""
-    control = os.environ.get(FORKSERVER_ENV)
-    if control:
-        sys.exit(_run_in_forkserver(control, connection_file))
-    memory = int(os.environ.get(MEMORY_ENV, DEFAULT_MEMORY_BYTES))
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE_BYTES, MAX_FILE_BYTES))
-    os.execvp("bwrap", command(connection_file))
+    """Start the kernel in the worker's fork server if there is one; else build the sandbox for this one kernel."""
+    control, request_file = os.environ.get(FORKSERVER_ENV), os.environ.get(REQUEST_ENV)
+    if control and request_file:
+        sys.exit(_run_in_forkserver(control, request_file, connection_file))
+    folder, inside = _connection_inside(connection_file)
+    request = {**_request(Path(folder), [], Limits.from_env()), "connection_file": inside}
+    os.execv(sys.executable, [sys.executable, str(FORKSERVER), "--single", json.dumps(request)])
 
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["install"]:
         print(f"installed kernelspec {KERNEL_NAME} in {install_kernelspec()}")
+    elif sys.argv[1:] == ["check"]:
+        problem = why_unavailable()
+        print("sandbox: " + (f"cannot be built here: {problem}" if problem else "works"))
+        for what, how in enforcement().items():
+            print(f"  {what}: {how}")
+        sys.exit(1 if problem else 0)
     elif len(sys.argv) == 2:
         launch(sys.argv[1])
     else:

@@ -149,8 +149,8 @@ def run_notes(graded: Graded) -> list[str]:
         where = f"test {step.test}" if step.test else f"cell {step.label}"
         if run.failure in (TIMEOUT, KILLED):
             notes.append(f"timeout in {where}" + (" (the kernel was stopped)" if run.failure == KILLED else ""))
-        elif run.failure == DIED:
-            notes.append(f"kernel died in {where}")
+        elif run.failure == DIED:  # with the limit that killed it, when the sandbox knows
+            notes.append(f"kernel died in {where}" + (f" ({run.reason})" if run.reason else ""))
         elif run.failure == OUTPUT_LIMIT:
             notes.append(f"output too large in {where}")
         elif run.failure == NOT_RUN:

@@ -1,0 +1,216 @@
+"""The grader's core on small in-memory notebooks (cell factories): fast, no kernel.
+
+Rebuilding a submission from the release, splitting a hidden block into what a student's kernel runs and
+what only the reference runs, decoding what a kernel sends back, judging it against the reference, and
+writing a feedback page that shows nothing hidden and runs nothing.
+"""
+
+import base64
+import copy
+import json
+
+import nbformat
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from grader import probe
+from grader.feedback import write_feedback
+from grader.grading import Graded
+from grader.harness import Step, StepRun
+from grader.judge import BadPayload, Observation, Opaque, ScenarioRecord, behaves_like, compare, decode_payload, \
+    decode_value, judge, shown_error
+from grader.rebuild import ADDED, rebuild
+from grader.scenarios import split
+
+
+# --- cell factories ---------------------------------------------------------------------------------------
+
+def answer(grade_id, source="def f(x):\n    raise NotImplementedError()"):
+    return nbformat.v4.new_code_cell(source, metadata={"nbgrader": {
+        "grade": False, "solution": True, "locked": False, "grade_id": grade_id}})
+
+
+def graded_cell(grade_id, source="assert f(1) == 2", points=2):
+    return nbformat.v4.new_code_cell(source, metadata={"nbgrader": {
+        "grade": True, "solution": False, "locked": True, "points": points, "grade_id": grade_id}})
+
+
+def read_only(grade_id, source="import torch", tags=()):
+    return nbformat.v4.new_code_cell(source, metadata={"tags": list(tags), "nbgrader": {
+        "grade": False, "solution": False, "locked": True, "grade_id": grade_id}})
+
+
+def notebook(*cells):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = list(cells)
+    return nb
+
+
+RELEASED = notebook(read_only("setup"), nbformat.v4.new_markdown_cell("# Exercise"), answer("f_answer"), graded_cell("f"))
+
+
+def released():
+    """A fresh copy of the release (cell ids kept, as a student's saved copy keeps them)."""
+    return copy.deepcopy(RELEASED)
+
+
+# --- rebuild ----------------------------------------------------------------------------------------------
+
+def test_rebuild_keeps_answers_and_added_cells_and_restores_the_rest():
+    submitted = released()
+    submitted.cells[2].source = "def f(x):\n    return 2 * x"
+    submitted.cells[3].source = "print('all tests passed')"  # an edited test cell
+    submitted.cells.insert(3, nbformat.v4.new_code_cell("scratch = 1", metadata={"nbgrader": "not a dict"}))
+    rebuilt, notes = rebuild(submitted, released())
+    assert [c.source for c in rebuilt.cells] == ["import torch", "# Exercise", "def f(x):\n    return 2 * x",
+                                                "scratch = 1", "assert f(1) == 2"]
+    assert rebuilt.cells[3].metadata == {ADDED: True}
+    assert notes == ["tampered: edited locked cell f restored"]
+
+
+def test_rebuild_restores_deleted_cells_and_ignores_duplicates():
+    submitted = released()
+    submitted.cells = [submitted.cells[2], submitted.cells[2]]
+    rebuilt, notes = rebuild(submitted, released())
+    assert len(rebuilt.cells) == 4
+    assert "tampered: duplicated cell f_answer ignored" in notes and "tampered: deleted cell setup restored" in notes
+
+
+# --- scenarios --------------------------------------------------------------------------------------------
+
+HIDDEN = '''from helpers.scenario import observe, expect, oracle, uses_reference
+uses_reference("g")
+for n in range(2):
+    with oracle():
+        secret = n * 100
+        expect(f"case {n}", secret)
+    observe(f"case {n}", f(n))
+with oracle():
+    expect("extra", 1)
+'''
+
+
+def test_the_students_kernel_never_gets_oracle_blocks():
+    student, reference, needs = split(HIDDEN)
+    assert needs == ["g"]
+    assert "secret" not in student and "expect" not in student and "helpers.scenario" not in student
+    assert "secret = n * 100" in reference and "uses_reference" not in reference
+    compile(student, "student", "exec")  # an emptied block still parses
+
+
+# --- decoding ---------------------------------------------------------------------------------------------
+
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**30, 10**30), st.floats(allow_nan=False),
+                    st.text(max_size=20))
+values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4), st.tuples(inner, inner)), max_leaves=8)
+
+
+@given(values)
+def test_plain_values_survive_the_trip(value):
+    assert decode_value(json.loads(json.dumps(probe.encode(value)))) == value
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.int64, torch.bool])
+def test_tensors_survive_the_trip(dtype):
+    t = (torch.arange(12).reshape(3, 4) % 3).to(dtype)
+    back = decode_value(json.loads(json.dumps(probe.encode(t))))
+    assert back.dtype == dtype and torch.equal(back, t)
+
+
+@pytest.mark.parametrize("node", [
+    {"t": "tensor", "dtype": "float32", "shape": [2], "data": base64.b64encode(b"\0" * 4).decode()},  # too short
+    {"t": "tensor", "dtype": "object", "shape": [1], "data": ""},
+    {"t": "int", "v": "1" * 500},
+    {"t": "pickle", "v": "gASVAAAAAA=="},
+    {"t": "list"},
+    "not a dict",
+])
+def test_malformed_values_are_refused(node):
+    with pytest.raises(BadPayload):
+        decode_value(node)
+
+
+def test_unknown_objects_are_known_only_by_a_cleaned_type_name():
+    class Sneaky:
+        pass
+
+    Sneaky.__name__ = "<script>alert(1)</script>"
+    assert decode_value(probe.encode(Sneaky())) == Opaque("?script?alert(1)??script?")
+
+
+# --- judging ----------------------------------------------------------------------------------------------
+
+def record(*observed, error=None, expected=None):
+    return ScenarioRecord("f", tuple(Observation(n, v, s) for n, v, s in observed), expected or {}, error)
+
+
+REFERENCE = record(("f on 1", torch.tensor([2.0, 4.0]), {"factor_hints": {0.5: "the factor 2 is missing"}}),
+                   ("f keeps x", True, {"message": "f changed x in place"}))
+
+
+def test_a_right_answer_earns_the_points_and_a_float32_one_too():
+    assert judge("f", 2, REFERENCE, record(("f on 1", torch.tensor([2.0, 4.0]), {}), ("f keeps x", True, {}))).passed
+    float32 = torch.tensor([2.0, 4.0], dtype=torch.float32) + 1e-7
+    reference64 = record(("f on 1", torch.tensor([2.0, 4.0], dtype=torch.float64), {"rtol": 1e-12, "atol": 0}))
+    assert judge("f", 2, reference64, record(("f on 1", float32, {}))).passed
+
+
+def test_the_message_names_the_mistake_and_comes_from_the_reference():
+    wrong = record(("f on 1", torch.tensor([1.0, 2.0]), {"factor_hints": {0.5: "LIES"}}), ("f keeps x", True, {}))
+    verdict = judge("f", 2, REFERENCE, wrong)
+    assert verdict.points == 0 and "the factor 2 is missing" in verdict.message and "LIES" not in verdict.message
+    moved = judge("f", 2, REFERENCE, record(("f on 1", torch.tensor([2.0, 4.0]), {}), ("f keeps x", False, {})))
+    assert moved.message == "f changed x in place"
+
+
+def test_missing_observations_say_why():
+    assert "not answered yet" in judge("f", 2, REFERENCE, record(error="NotImplementedError")).message
+    assert "raised an exception" in judge("f", 2, REFERENCE, record(error="MyOwnError")).message
+    assert "time limit" in judge("f", 2, REFERENCE, None, "the test ran past the time limit of 5 s").message
+    assert shown_error("ValueError") == "ValueError" and shown_error("Evil<b>") == "an exception"
+
+
+def test_an_oracle_value_overrides_the_reference_answer():
+    reference = record(("f on 1", 3.0, {}), expected={"f on 1": 2.0})
+    assert judge("f", 2, reference, record(("f on 1", 2.0, {}))).passed
+    assert not judge("f", 2, reference, record(("f on 1", 3.0, {}))).passed
+
+
+def test_lists_and_tuples_are_interchangeable_but_lengths_are_not():
+    assert compare((1.0, 2.0), [1.0, 2.0], "x", {}) is None
+    assert "should have 2 items" in compare([1.0], [1.0, 2.0], "x", {})
+
+
+def test_a_known_mistake_is_recognised_only_when_every_probe_agrees():
+    mistake = record(("f on 1", torch.tensor([1.0, 2.0]), {}), ("f keeps x", True, {}))
+    assert behaves_like(record(("f on 1", torch.tensor([1.0, 2.0]), {}), ("f keeps x", True, {})), mistake, REFERENCE)
+    assert not behaves_like(record(("f on 1", torch.tensor([1.0, 2.0]), {}), ("f keeps x", False, {})), mistake, REFERENCE)
+    nan = record(("f on 1", torch.tensor([float("nan"), 2.0]), {}), ("f keeps x", True, {}))
+    assert behaves_like(nan, nan, REFERENCE)
+
+
+# --- feedback ---------------------------------------------------------------------------------------------
+
+def test_feedback_is_inert_and_shows_only_what_ran_before_the_tests(tmp_path):
+    nb = released()
+    nb.cells.insert(1, nbformat.v4.new_markdown_cell("<script>alert(1)</script><img src=x onerror=alert(2)>",
+                                                     metadata={ADDED: True}))
+    nb.cells.insert(2, nbformat.v4.new_code_cell("print('<b>mine</b>')", metadata={ADDED: True}))
+    nb.cells.append(nbformat.v4.new_code_cell("print(_i)", metadata={ADDED: True}))
+    steps = [Step("setup", "import torch", False), Step("cell 3", "print", True), Step("f_answer", "def f", True),
+             Step("f", "scenario", False, test="f"), Step("cell 6", "print(_i)", True)]
+    runs = [StepRun(), StepRun(outputs=[{"output_type": "stream", "name": "stdout", "text": "<b>mine</b>\n"}]),
+            StepRun(), StepRun(outputs=[{"output_type": "stream", "name": "stdout", "text": "HIDDEN INPUT 42"}]),
+            StepRun(outputs=[{"output_type": "stream", "name": "stdout", "text": "observe('secret case')"}])]
+    from grader.judge import Verdict
+
+    graded = Graded(steps, runs, {"f": Verdict("f", 0, 2, "f on 1 is wrong <i>")})
+    page_path = tmp_path / "page.html"
+    write_feedback(page_path, student="<s>", assignment="a", notebook=nb, graded=graded, status=["ok"])
+    page = page_path.read_text()
+    assert "<script" not in page and "onerror=" not in page.replace("onerror=alert", "")  # only as escaped text
+    assert "&lt;script&gt;" in page and "&lt;b&gt;mine&lt;/b&gt;" in page
+    assert "HIDDEN INPUT" not in page and "secret case" not in page
+    assert "f on 1 is wrong &lt;i&gt;" in page and "Content-Security-Policy" in page

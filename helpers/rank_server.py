@@ -5,7 +5,9 @@ for seconds more; on a small CPU that is most of a short launch. `RankServer` st
 process per kernel (`python -m helpers.rank_server FD`) that does those imports once and then
 forks every rank of every launch: each rank is a new process with its own environment, working
 folder, standard output and process group, running the script as `__main__` — only its imports
-are already done. Linux only (fork after importing torch is not safe on macOS).
+are already done. Linux only (fork after importing torch is not safe on macOS). A process that has
+initialised CUDA cannot hand CUDA on to a forked child; the server never initialises it, and should
+it ever have, it refuses to fork (`ForkRefused`) and the launcher starts fresh interpreters instead.
 """
 
 from __future__ import annotations
@@ -25,6 +27,18 @@ from typing import IO
 # What the ranks of the course's scripts import; DDP pulls in torch._dynamo on first use.
 PRELOAD = ("torch", "torch.nn", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "torch.utils.data",
            "torch.distributed.fsdp", "torch.distributed.algorithms.ddp_comm_hooks", "tqdm")
+
+
+class ForkRefused(RuntimeError):
+    """The server will not fork ranks (CUDA is initialised in it); the launcher starts fresh interpreters (notebook 07)."""
+
+
+def fork_refusal() -> str:
+    """Why forking ranks from this process would break them ('' when it is safe) (notebook 07)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "CUDA is initialised in the rank server, and a forked child cannot use it"
+    return ""
 
 
 class ForkedRank:
@@ -73,7 +87,12 @@ class RankServer:
         socket.send_fds(self.channel, [request], [w for _, w in pipes])
         for _, w in pipes:
             os.close(w)
-        pids = json.loads(self._line())["pids"]
+        answer = json.loads(self._line())
+        if "refused" in answer:
+            for r, _ in pipes:
+                os.close(r)
+            raise ForkRefused(answer["refused"])
+        pids = answer["pids"]
         started = [ForkedRank(self, pid, os.fdopen(r, "rb", buffering=0)) for pid, (r, _) in zip(pids, pipes)]
         self.ranks.update({rank.pid: rank for rank in started})
         return started
@@ -146,6 +165,12 @@ def serve(channel: socket.socket) -> None:
         if not message:
             return
         request = json.loads(message)
+        refusal = fork_refusal()
+        if refusal:
+            for fd in fds:
+                os.close(fd)
+            channel.sendall(json.dumps({"refused": refusal}).encode() + b"\n")
+            continue
         pids = []
         for env, output in zip(request["envs"], fds):
             pid = os.fork()

@@ -1,4 +1,5 @@
-"""Tests for helpers.distributed: script writing, torchrun command lines, launches, failures and timeouts."""
+"""Tests for helpers.distributed: scripts and torchrun command lines, script and function launches, failures,
+timeouts, the choice of backend, the per-rank device set-up and the nccl and fork fallbacks."""
 
 from __future__ import annotations
 
@@ -14,8 +15,12 @@ from hypothesis import strategies as st
 
 from helpers.distributed import (
     LaunchError,
+    RankError,
+    choose_backend,
     free_port,
     function_source,
+    init_rank,
+    rank_device,
     run_ranks,
     run_torchrun,
     torchrun_command,
@@ -178,7 +183,8 @@ def test_run_ranks_all_reduce_and_a_failing_rank_stops_its_peer(tmp_path: Path, 
     assert [result.lines_from_rank(r) for r in (0, 1)] == [["sum=3"], ["sum=3"]]
     assert "[rank 1] sum=3" in capsys.readouterr().out
     start = time.perf_counter()
-    with pytest.raises(LaunchError, match=r"rank 1 exited with status 1(.|\n)*ValueError: rank 1 gives up") as info:
+    # Status 1, or now and then -6: gloo may abort while the interpreter shuts down after the error.
+    with pytest.raises(LaunchError, match=r"rank 1 exited with status (1|-6)(.|\n)*ValueError: rank 1 gives up") as info:
         run_ranks(script, nproc=2, script_args=["fail"], timeout=120, echo=False, fork=fork)
     assert time.perf_counter() - start < 30
     assert "rank_server.py" not in str(info.value) and "runpy" not in str(info.value)  # the script's frames only
@@ -190,3 +196,194 @@ def test_run_ranks_timeout_stops_every_rank(tmp_path: Path):
     with pytest.raises(LaunchError, match="the ranks ran past 3 s"):
         run_ranks(script, nproc=2, timeout=3, echo=False)
     _assert_all_stopped(pid_dir, 2)
+
+
+# --- function launches: ranks forked from this process ------------------------------------------------------
+
+def _sum_of_ranks(scale):
+    import torch
+    import torch.distributed as dist
+
+    value = torch.tensor([dist.get_rank() + 1.0]) * scale
+    dist.all_reduce(value)
+    print(f"rank {dist.get_rank()} of {dist.get_world_size()} on {dist.get_backend()}")
+    return value.item(), os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"]
+
+
+@pytest.mark.slow
+def test_function_ranks_return_values_and_stream_output(capsys):
+    result = run_ranks(_sum_of_ranks, 3, args=(2.0,), backend="gloo", timeout=60)
+    assert result.backend == "gloo" and result.returncode == 0
+    assert result.values == ((12.0, "0", "0", "3"), (12.0, "1", "1", "3"), (12.0, "2", "2", "3"))
+    assert "[rank 2] rank 2 of 3 on gloo" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_function_ranks_see_what_this_process_defined():
+    local = {"weights": [1.0, 2.0]}  # a closure over this test's data: no pickling, no source needed
+
+    def body():
+        import torch.distributed as dist
+
+        return sum(local["weights"]) * (dist.get_rank() + 1)
+
+    assert run_ranks(body, 2, backend="gloo", echo=False).values == (3.0, 6.0)
+
+
+@pytest.mark.slow
+def test_function_rank_error_names_the_rank_and_stops_its_peers():
+    def body():
+        import time
+
+        import torch.distributed as dist
+
+        if dist.get_rank() == 1:
+            raise ValueError("rank 1 gives up")
+        time.sleep(600)  # rank 0 would wait for ever unless the launcher stops it
+
+    start = time.perf_counter()
+    with pytest.raises(RankError, match="rank 1 raised ValueError: rank 1 gives up") as info:
+        run_ranks(body, 2, backend="gloo", echo=False, timeout=60)
+    assert time.perf_counter() - start < 30
+    assert (info.value.rank, info.value.error_type, info.value.summary) == (1, "ValueError", "ValueError: rank 1 gives up")
+    assert "helpers/distributed.py" not in str(info.value)  # the launcher's frames are left out of the rank's traceback
+
+
+@pytest.mark.slow
+def test_function_rank_at_an_unfinished_exercise_raises_not_implemented():
+    def exercise():
+        raise NotImplementedError()
+
+    with pytest.raises(NotImplementedError, match="exercise\\(\\) is not written yet"):
+        run_ranks(exercise, 2, backend="gloo", echo=False)
+
+
+@pytest.mark.slow
+def test_function_ranks_timeout_stops_every_rank():
+    def body():
+        import time
+
+        time.sleep(600)
+
+    start = time.perf_counter()
+    with pytest.raises(LaunchError, match="ran past 2 s") as info:
+        run_ranks(body, 2, backend="gloo", echo=False, timeout=2)
+    assert time.perf_counter() - start < 15
+    assert info.value.summary == "the ranks ran past 2 s and was stopped"
+
+
+@pytest.mark.slow
+def test_function_ranks_without_init_join_the_group_themselves():
+    def body():
+        import torch.distributed as dist
+
+        before = dist.is_initialized()
+        device = init_rank("gloo")
+        return before, str(device), dist.get_backend(), str(rank_device())
+
+    assert run_ranks(body, 2, init=False, echo=False).values == ((False, "cpu", "gloo", "cpu"),) * 2
+
+
+# --- nccl: refusals and the fallback to gloo ------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_nccl_launch_that_cannot_run_falls_back_to_gloo(monkeypatch, capsys):
+    import torch
+    import torch.distributed as dist
+
+    # Whatever this machine has: nccl and 2 GPUs, but CUDA "initialised" in this process, so forked ranks cannot use it.
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.raises(LaunchError, match="CUDA is already initialised in this process"):
+        run_ranks(_sum_of_ranks, 2, args=(1.0,), backend="nccl", fallback=None, echo=False)
+    start = time.perf_counter()
+    result = run_ranks(_sum_of_ranks, 2, args=(1.0,), backend="nccl", echo=False)
+    assert time.perf_counter() - start < 30  # fails fast: no stall before the fallback
+    assert result.backend == "gloo" and result.values[0][0] == 3.0
+    assert "The nccl launch failed" in capsys.readouterr().out
+
+
+def test_nccl_needs_a_gpu_per_rank(monkeypatch):
+    import torch
+    import torch.distributed as dist
+
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(LaunchError, match="nccl needs a GPU per rank: 2 ranks, 1 GPU"):
+        run_ranks(_sum_of_ranks, 2, args=(1.0,), backend="nccl", fallback=None, echo=False)
+
+
+def test_choose_backend(monkeypatch):
+    import torch
+    import torch.distributed as dist
+
+    monkeypatch.delenv("TML_BACKEND", raising=False)
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    for gpus, nproc, wanted in ((0, 2, "gloo"), (1, 2, "gloo"), (2, 2, "nccl"), (8, 2, "nccl"), (2, 4, "gloo")):
+        monkeypatch.setattr(torch.cuda, "device_count", lambda gpus=gpus: gpus)
+        assert choose_backend(nproc) == wanted
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: False)
+    assert choose_backend(2) == "gloo"
+    monkeypatch.setenv("TML_BACKEND", "NCCL")
+    assert choose_backend(2) == "nccl"
+    monkeypatch.setenv("TML_BACKEND", "mpi")
+    with pytest.raises(ValueError, match="TML_BACKEND"):
+        choose_backend(2)
+
+
+def test_init_rank_sets_the_device_before_joining_nccl(monkeypatch):
+    import torch
+    import torch.distributed as dist
+
+    calls = []
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(("set_device", str(device))))
+    monkeypatch.setattr(dist, "init_process_group",
+                        lambda backend, **kw: calls.append(("init", backend, str(kw.get("device_id")),
+                                                            kw["timeout"].total_seconds())))
+    assert str(init_rank("nccl", timeout_s=7)) == "cuda:3"
+    assert calls == [("set_device", "cuda:3"), ("init", "nccl", "cuda:3", 7.0)]
+    calls.clear()
+    assert str(init_rank("gloo")) == "cpu"
+    assert calls == [("init", "gloo", "None", 60.0)]
+
+
+# --- scripts: fallbacks of the rank server ------------------------------------------------------------------------
+
+def test_fork_refusal_when_cuda_is_initialised(monkeypatch):
+    import torch
+
+    from helpers.rank_server import fork_refusal
+
+    assert fork_refusal() == ""
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert "CUDA is initialised" in fork_refusal()
+
+
+@pytest.mark.slow
+def test_refused_fork_starts_fresh_interpreters(tmp_path: Path, monkeypatch, capsys):
+    from helpers.rank_server import ForkRefused, RankServer
+
+    def refuse(self, argv, envs, cwd):
+        raise ForkRefused("CUDA is initialised in the rank server, and a forked child cannot use it")
+
+    monkeypatch.setattr(RankServer, "start", refuse)
+    script = write_script("""
+        import os, sys
+        print("fresh" if "torch" not in sys.modules else "forked", os.environ["TML_BACKEND"])
+    """, tmp_path)
+    result = run_ranks(script, 2, backend="gloo", timeout=120)
+    assert [result.lines_from_rank(r) for r in (0, 1)] == [["fresh gloo"], ["fresh gloo"]]
+    assert "fresh interpreters instead" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_script_at_an_unfinished_exercise_raises_not_implemented(tmp_path: Path):
+    script = write_script("""
+        def exercise():
+            raise NotImplementedError()
+        exercise()
+    """, tmp_path)
+    with pytest.raises(NotImplementedError, match="unfinished exercise"):
+        run_ranks(script, 2, timeout=120, echo=False)

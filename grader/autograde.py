@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from grader import sandbox
 from grader.course import REPO, Assignment, assignments
+from grader.deadlines import Config, Lateness, check_students, lateness, penalty
 from grader.grading import GradingEnvironmentBroken, known_mistakes, plain_kernel_factory, reference_records
 from grader.release import generate
 from grader.submissions import MAX_NOTEBOOK_BYTES, Submission, collect, printable, unpack_zip
@@ -32,7 +33,7 @@ TEMPLATES = REPO / "build" / "grading-templates"
 WORKER_OVERHEAD_S = 120
 
 
-__all__ = ["GradingEnvironmentBroken", "SandboxUnavailable", "autograde", "write_csv"]
+__all__ = ["GradingEnvironmentBroken", "SandboxUnavailable", "autograde", "total", "write_csv", "write_outputs"]
 
 
 class SandboxUnavailable(RuntimeError):
@@ -52,9 +53,13 @@ def code_digest(root: Path = REPO) -> str:
     return digest.hexdigest()
 
 
-def _fingerprint(sub: Submission, assignment: Assignment | None, timeout: int, sandboxed: bool, code: str) -> str:
-    """Changes whenever the hand-in, the assignment's source, the grader or the grading settings change."""
-    digest = hashlib.sha256(f"{sub.student}\0{sub.assignment}\0{timeout}\0{sandboxed}\0{sub.problem}\0{code}".encode())
+def _fingerprint(sub: Submission, assignment: Assignment | None, timeout: int, sandboxed: bool, code: str,
+                 page: str = "") -> str:
+    """Changes whenever the hand-in, the assignment's source, the grader or the grading settings change.
+
+    `page`: what else the feedback page shows (its mode and the lateness), so a new setting rewrites it.
+    """
+    digest = hashlib.sha256(f"{sub.student}\0{sub.assignment}\0{timeout}\0{sandboxed}\0{sub.problem}\0{code}\0{page}".encode())
     digest.update("\0".join(sub.notes).encode())
     if sub.notebook is not None:
         try:
@@ -144,19 +149,50 @@ def csv_cell(value: str) -> str:
     return "'" + value if value[:1] in ("=", "+", "-", "@") else value
 
 
+def total(result: Result) -> float:
+    """The points that count: the exercises' points less the late penalty (grades.csv's `total`)."""
+    return round(sum(result.scores.values()) - result.penalty, 6)
+
+
 def write_csv(results: list[Result], known: dict[str, Assignment], path: Path) -> None:
-    """grades.csv: student, assignment, points per exercise, total, max_total, status."""
+    """grades.csv: student, assignment, points per exercise, total, max_total, late_by, penalty, status.
+
+    `total` is the points after the late penalty (the exercises' points minus `penalty`); `late_by` is
+    the hours after the due date in effect (0 when on time, empty when no due date applies or the
+    hand-in time is unknown); see grader/deadlines.py.
+    """
     graded = sorted({r.assignment for r in results if r.assignment in known})
     exercises = [gid for name in graded for gid in known[name].grade_cells()]
     with open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
-        writer.writerow(["student", "assignment", *exercises, "total", "max_total", "status"])
+        writer.writerow(["student", "assignment", *exercises, "total", "max_total", "late_by", "penalty", "status"])
         for r in sorted(results, key=lambda r: (r.student, r.assignment)):
             row = [csv_cell(r.student), csv_cell(r.assignment)]
             row += [_points(r.scores[e]) if e in r.scores else "" for e in exercises]
-            row += [_points(sum(r.scores.values())), _points(sum(r.max_scores.values())),
+            late_by = r.lateness.get("late_by")
+            row += [_points(total(r)), _points(sum(r.max_scores.values())),
+                    "" if late_by is None else _points(late_by), _points(r.penalty),
                     csv_cell("; ".join(r.status) or "ok")]
             writer.writerow(row)
+
+
+def _apply_lateness(result: Result, sub: Submission, late: Lateness) -> Result:
+    """Record when the hand-in came and what the late policy takes from its points."""
+    result.submitted_at = sub.submitted_at
+    result.lateness = asdict(late) if late.due else {}
+    result.penalty = penalty(sum(result.scores.values()), sum(result.max_scores.values()), late)
+    return result
+
+
+def write_outputs(results: list[Result], known: dict[str, Assignment], out: Path, *, report: bool = True) -> None:
+    """grades.csv, results.json and (unless `report` is False) report/ for `results`, under `out`."""
+    results = sorted(results, key=lambda r: (r.student, r.assignment))
+    write_csv(results, known, out / "grades.csv")
+    (out / "results.json").write_text(json.dumps([asdict(r) for r in results], indent=1))
+    if report:
+        from grader.report import write_report
+
+        write_report(out)
 
 
 def autograde(
@@ -169,13 +205,22 @@ def autograde(
     force: bool = False,
     progress: bool = True,
     sandboxed: bool = True,
+    config: Config | None = None,
+    feedback: str | None = None,
+    shard: tuple[int, int] | None = None,
+    report: bool = True,
 ) -> list[Result]:
     """Grade every submission under `submissions` (folder or zip) into `out`; returns the rows written.
 
     Results are kept per submission with a fingerprint, so a re-run (after an interruption, or with
     new submissions) grades only what changed; `force` grades everything again. Student code runs
-    in the bubblewrap sandbox (grader.sandbox) unless `sandboxed` is False.
+    in the bubblewrap sandbox (grader.sandbox) unless `sandboxed` is False. `config` holds due dates,
+    extensions and the late policy (grader/deadlines.py; checked against the class before grading);
+    `feedback` the feedback page's mode (default: the config's, else "after-release"). `shard` = (K, N)
+    grades only the students of shard K of N (grader/shards.py); `grader merge` joins the shards.
     """
+    config = config or Config()
+    feedback = feedback or config.feedback
     if sandboxed and not sandbox.bwrap_works():
         raise SandboxUnavailable(
             "bubblewrap (bwrap) is missing or cannot create namespaces here, so student code would run with "
@@ -191,6 +236,12 @@ def autograde(
         root = unpack_zip(submissions, Path(tempfile.mkdtemp(prefix="unpacked-", dir=_mkdir(work))), list(known.values()),
                           only)
     subs = collect(root, list(known.values()), only)
+    check_students(config, {s.student for s in subs})  # a typo in an extension stops here, before any grading
+    if shard is not None:
+        from grader.shards import in_shard, write_manifest
+
+        write_manifest(_mkdir(out), shard, subs)
+        subs = [s for s in subs if in_shard(s.student, *shard)]
     graded = sorted({s.assignment for s in subs if s.assignment in known})
     template = _template([known[a] for a in graded])
 
@@ -209,22 +260,27 @@ def autograde(
     code = code_digest()
     results: list[Result] = []
     pending: list[tuple[Spec, str, float]] = []
+    late_of: dict[tuple[str, str], tuple[Submission, Lateness]] = {}
     for sub in subs:
         assignment = known.get(sub.assignment)
         result_path = work / "results" / sub.student / f"{sub.assignment}.json"
-        fingerprint = _fingerprint(sub, assignment, timeout, sandboxed, code)
+        late = lateness(config, sub.student, sub.assignment, sub.submitted_at)
+        late_of[sub.student, sub.assignment] = (sub, late)
+        page = json.dumps([feedback, asdict(late)])
+        fingerprint = _fingerprint(sub, assignment, timeout, sandboxed, code, page)
         stamp = result_path.with_suffix(".fingerprint")
         if assignment is None:
-            results.append(Result(sub.student, sub.assignment, {}, {}, [*sub.notes, sub.problem]))
+            results.append(_apply_lateness(Result(sub.student, sub.assignment, {}, {}, [*sub.notes, sub.problem]), sub, late))
             continue
         if not force and result_path.exists() and stamp.exists() and stamp.read_text() == fingerprint:
-            results.append(Result(**json.loads(result_path.read_text())))
+            results.append(_apply_lateness(Result(**json.loads(result_path.read_text())), sub, late))
             continue
         stamp.unlink(missing_ok=True)
         spec = Spec(student=sub.student, assignment=sub.assignment, notebook=assignment.notebook,
                     submitted=str(sub.notebook or ""), template=str(template), result=str(result_path),
                     feedback=str(out / "feedback" / sub.student / sub.assignment / f"{assignment.name}.html"),
-                    timeout=timeout, sandbox=sandboxed, problem=sub.problem, notes=sub.notes)
+                    timeout=timeout, sandbox=sandboxed, problem=sub.problem, notes=sub.notes,
+                    feedback_mode=feedback, lateness=asdict(late) if late.due else {})
         code_cells = sum(c.cell_type == "code" for c in nbformat.read(assignment.source, as_version=4).cells)
         pending.append((spec, fingerprint, timeout * code_cells + WORKER_OVERHEAD_S))
 
@@ -255,7 +311,8 @@ def autograde(
                 continue
             # Kept like a grade even when the worker died on it: a hand-in that crashes the grader is
             # reported once, not regraded (and crashing) on every run; --force tries again.
-            result = _zero_filled(result, known[spec.assignment].grade_cells())
+            result = _apply_lateness(_zero_filled(result, known[spec.assignment].grade_cells()),
+                                     *late_of[spec.student, spec.assignment])
             Path(spec.result).write_text(json.dumps(asdict(result), indent=1))
             Path(spec.result).with_suffix(".fingerprint").write_text(fingerprint)
             results.append(result)
@@ -263,9 +320,7 @@ def autograde(
         worker.close()
     if broken:
         raise GradingEnvironmentBroken(broken)
-    write_csv(results, known, out / "grades.csv")
-    (out / "results.json").write_text(json.dumps([asdict(r) for r in sorted(results, key=lambda r: (r.student, r.assignment))],
-                                                 indent=1))
+    write_outputs(results, known, out, report=report)
     return results
 
 
@@ -275,6 +330,9 @@ def _template(chosen: list[Assignment]) -> Path:
     Kept under build/grading-templates/<hash>, shared by every grading run (workers only read it).
     """
     digest = hashlib.sha256((Path(__file__).parent / "nbgrader_config.py").read_bytes())
+    # The release puts grader/bootstrap.py's header (made from pyproject.toml) into every student notebook.
+    for made_from in (Path(__file__).parent / "bootstrap.py", REPO / "pyproject.toml"):
+        digest.update(made_from.read_bytes())
     for assignment in chosen:
         digest.update(assignment.name.encode() + assignment.source.read_bytes())
     folder = TEMPLATES / digest.hexdigest()[:16]

@@ -1,4 +1,4 @@
-"""The instructor command line: release, check, autograde."""
+"""The instructor command line: release, check, autograde, report, export, merge."""
 
 from __future__ import annotations
 
@@ -30,14 +30,23 @@ def _check(args: argparse.Namespace) -> int:
 
 def _autograde(args: argparse.Namespace) -> int:
     from grader.autograde import GradingEnvironmentBroken, SandboxUnavailable, autograde
+    from grader.course import assignments
+    from grader.deadlines import ConfigError, load_config
+    from grader.shards import ShardError, parse_shard
     from grader.submissions import printable
 
     if not args.submissions.exists():
         print(f"no such folder or zip: {args.submissions}", file=sys.stderr)
         return 2
     try:
+        config = load_config(args.config, [a.name for a in assignments()])
+        shard = parse_shard(args.shard) if args.shard else None
         results = autograde(args.submissions, args.out, jobs=args.jobs, timeout=args.timeout,
-                            only=args.assignment, force=args.force, sandboxed=not args.unsandboxed)
+                            only=args.assignment, force=args.force, sandboxed=not args.unsandboxed,
+                            config=config, feedback=args.feedback, shard=shard)
+    except (ConfigError, ShardError) as err:
+        print(f"nothing graded: {err}", file=sys.stderr)
+        return 2
     except SandboxUnavailable as err:
         print(f"refusing to grade: {err}", file=sys.stderr)
         return 3
@@ -46,9 +55,57 @@ def _autograde(args: argparse.Namespace) -> int:
         return 4
     flagged = [r for r in results if r.status]
     print(f"graded {len(results)} submission(s) into {args.out / 'grades.csv'}; "
-          f"feedback in {args.out / 'feedback'}; {len(flagged)} with a status note")
+          f"feedback in {args.out / 'feedback'}; report in {args.out / 'report' / 'report.html'}; "
+          f"{len(flagged)} with a status note")
     for r in flagged:
         print(f"  {printable(r.student)}/{printable(r.assignment)}: {printable('; '.join(r.status))}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from grader.report import write_report
+
+    if not (args.graded / "results.json").is_file():
+        print(f"{args.graded}: no results.json — run `python -m grader autograde … --out {args.graded}` first",
+              file=sys.stderr)
+        return 2
+    print(f"wrote {write_report(args.graded, args.out)} and report.json beside it")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from grader.lms import ExportError, RosterError, export, read_roster
+
+    try:
+        done = export(args.graded, read_roster(args.roster, args.format), args.out, args.assignment or None)
+    except (RosterError, ExportError) as err:
+        print(f"nothing exported: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out}: {len(done['matched'])} student(s) matched, for {args.format} "
+          f"({', '.join(done['assignments'])}); every match in {done['sidecar']}")
+    for note in done["notes"]:
+        print(f"note: {note}")
+    if done["unmatched"]:
+        print(f"{len(done['unmatched'])} hand-in(s) match no roster row (no grade exported for them):")
+        for student in done["unmatched"]:
+            print(f"  {student}")
+    if done["without"]:
+        print(f"{len(done['without'])} roster student(s) have no hand-in (no grade exported for them):")
+        for line, name in zip(done["without"], done["without_names"]):
+            print(f"  row {line}: {name}")
+    return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from grader.shards import ShardError, merge
+
+    try:
+        results = merge(args.out, args.shards)
+    except ShardError as err:
+        print(f"nothing merged: {err}", file=sys.stderr)
+        return 2
+    print(f"merged {len(args.shards)} shard(s), {len(results)} row(s), into {args.out / 'grades.csv'}; "
+          f"feedback in {args.out / 'feedback'}; report in {args.out / 'report' / 'report.html'}")
     return 0
 
 
@@ -114,7 +171,29 @@ def build_parser() -> argparse.ArgumentParser:
     grade.add_argument("--force", action="store_true", help="grade again even what an earlier run already graded")
     grade.add_argument("--unsandboxed", action="store_true",
                        help="run student code without bubblewrap isolation (only for code you trust)")
+    grade.add_argument("--config", type=Path,
+                       help="TOML with due dates, extensions, the late policy and the feedback mode (grader/deadlines.py)")
+    grade.add_argument("--feedback", choices=["after-release", "at-once"],
+                       help="feedback pages with the hidden tests' messages (after-release, the default) or only "
+                            "the points per test (at-once); overrides the config")
+    grade.add_argument("--shard", metavar="K/N",
+                       help="grade only shard K of N (a fixed split by student); join the shards with `merge`")
     grade.set_defaults(run=_autograde)
+    report = commands.add_parser("report", help="the class report (HTML + JSON) of a graded folder")
+    report.add_argument("graded", type=Path, help="a folder autograde wrote (with results.json)")
+    report.add_argument("--out", type=Path, help="write report.html and report.json here (default: GRADED/report/)")
+    report.set_defaults(run=_report)
+    lms = commands.add_parser("export", help="grades as Canvas, Gradescope or Moodle import them, matched to their roster")
+    lms.add_argument("--format", required=True, choices=["canvas", "gradescope", "moodle"])
+    lms.add_argument("--roster", required=True, type=Path, help="the LMS's own export of the class (see grader/lms.py)")
+    lms.add_argument("--assignment", action="append", help="export only this assignment (repeatable)")
+    lms.add_argument("graded", type=Path, help="a folder autograde wrote (with grades.csv)")
+    lms.add_argument("out", type=Path, help="the CSV to write (OUT.matching.csv lists every match beside it)")
+    lms.set_defaults(run=_export)
+    merge = commands.add_parser("merge", help="join the outputs of `autograde --shard K/N` runs into one")
+    merge.add_argument("out", type=Path, help="write grades.csv, results.json, feedback/ and report/ here")
+    merge.add_argument("shards", type=Path, nargs="+", help="the --out folder of every shard")
+    merge.set_defaults(run=_merge)
     student_bundle = commands.add_parser("bundle", help="write what students receive (no solutions, hidden tests or mutants)")
     student_bundle.add_argument("out", type=Path, help="a new folder")
     student_bundle.set_defaults(run=_bundle)

@@ -5,6 +5,11 @@ may see and nothing else: the released (visible) test code, never hidden source;
 student's cells only up to the first hidden test (later outputs could carry what the tests did); and
 for each test the points and the verdict message. Everything that came from the student is escaped;
 the page runs no script and loads nothing (its Content-Security-Policy forbids both).
+
+Two modes of the same page (`autograde --feedback`, or `feedback =` in the grading config):
+"after-release" (the default) shows each hidden test's message and the known mistake it looks like;
+"at-once", for pages students see before the deadline, shows the points per test and nothing of what
+the hidden tests found.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from grader.rebuild import ADDED
 MAX_TEXT_CHARS = 20_000  # per output shown
 MAX_IMAGE_BYTES = 2 * 2**20
 MAX_PAGE_CHARS = 8 * 2**20
+MODES = ("after-release", "at-once")
+HELD_BACK = "what the hidden tests found is shown after the release"
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 STYLE = """
 body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;color:#111}
@@ -70,7 +77,7 @@ def _outputs(run: StepRun) -> str:
     return f'<div class="out">{"".join(parts)}</div>' if parts else ""
 
 
-def _cells(notebook: nbformat.NotebookNode, graded: Graded) -> list[str]:
+def _cells(notebook: nbformat.NotebookNode, graded: Graded, released: bool = True) -> list[str]:
     runs: dict[str, tuple[int, StepRun]] = {}
     for index, (step, run) in enumerate(zip(graded.steps, graded.runs)):
         runs.setdefault(step.label, (index, run))
@@ -89,7 +96,7 @@ def _cells(notebook: nbformat.NotebookNode, graded: Graded) -> list[str]:
             v = graded.verdicts.get(grade_id)
             verdict = ("" if v is None else
                        f'<div class="verdict {"pass" if v.passed else "fail"}">{_points(v.points)} / {_points(v.max_points)} '
-                       f'points{" — " + _text(v.message) if v.message else ""}</div>')
+                       f'points{" — " + _text(v.message) if v.message and released else ""}</div>')
             shown.append(f'<div class="cell"><div class="label">test {html.escape(grade_id)} (as released; hidden '
                          f'tests ran at grading)</div><pre>{_text(cell.source)}</pre>{verdict}</div>')
             continue
@@ -116,25 +123,45 @@ def _points(value: float) -> str:
     return f"{value:g}"
 
 
+def _verdict(v, mistakes: dict[str, str], released: bool) -> str:
+    if v.passed:
+        return "passed"
+    if not released:
+        return f"not passed — {HELD_BACK}"
+    return ((_text(v.message) or "not passed")
+            + (f"<br><i>This looks like a known mistake: {_text(mistakes[v.test])}.</i>" if v.test in mistakes else ""))
+
+
 def write_feedback(path: Path, *, student: str, assignment: str, notebook: nbformat.NotebookNode, graded: Graded,
-                   status: list[str], mistakes: dict[str, str] | None = None) -> None:
-    """Write the feedback page for one graded submission; `mistakes`: test → the known mistake it looks like."""
+                   status: list[str], mistakes: dict[str, str] | None = None, mode: str = "after-release",
+                   late: str = "", penalty: float = 0.0) -> None:
+    """Write the feedback page for one graded submission; `mistakes`: test → the known mistake it looks like.
+
+    `mode` is "after-release" (messages and known mistakes shown) or "at-once" (points per test only);
+    `late` says how late the hand-in was ("" when on time) and `penalty` the points that cost.
+    """
+    if mode not in MODES:
+        raise ValueError(f"feedback mode {mode!r}: must be one of {', '.join(MODES)}")
+    released = mode == "after-release"
     total = sum(v.points for v in graded.verdicts.values())
     maximum = sum(v.max_points for v in graded.verdicts.values())
     mistakes = mistakes or {}
     rows = "".join(
         f'<tr><td>{html.escape(v.test)}</td><td class="{"pass" if v.passed else "fail"}">{_points(v.points)} / '
-        f"{_points(v.max_points)}</td><td>{_text(v.message) or 'passed'}"
-        + (f"<br><i>This looks like a known mistake: {_text(mistakes[v.test])}.</i>" if v.test in mistakes else "")
-        + "</td></tr>"
+        f"{_points(v.max_points)}</td><td>{_verdict(v, mistakes, released)}</td></tr>"
         for v in graded.verdicts.values())
     notes = "".join(f"<li>{_text(note)}</li>" for note in status) or "<li>ok</li>"
-    body = "".join(_cells(notebook, graded))
+    body = "".join(_cells(notebook, graded, released))
+    held = "" if released else f"<p><i>Points per test only: {HELD_BACK}.</i></p>"
+    late_line = (f"<p><b>Late:</b> {_text(late)}"
+                 + (f" — {_points(penalty)} points taken: <b>{_points(round(total - penalty, 2))} / {_points(maximum)}</b> "
+                    "after the penalty" if penalty else "") + ".</p>") if late else ""
     page = (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
             f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
             f"<title>{html.escape(assignment)} — feedback for {html.escape(student)}</title><style>{STYLE}</style></head>"
             f"<body><h1>{html.escape(assignment)}</h1><p>Feedback for <b>{html.escape(student)}</b>: "
-            f"<b>{_points(total)} / {_points(maximum)}</b> points.</p>"
+            f"<b>{_points(total)} / {_points(maximum)}</b> points{' before the late penalty' if penalty else ''}.</p>"
+            f"{late_line}{held}"
             f"<table><tr><th>test</th><th>points</th><th>verdict</th></tr>{rows}</table>"
             f"<h2>Notes</h2><ul>{notes}</ul><h2>Your notebook, as graded</h2>{body}</body></html>")
     if len(page) > MAX_PAGE_CHARS:

@@ -26,7 +26,9 @@ from grader import sandbox
 from grader.course import assignment_named, put_interpreter_on_path
 from grader.feedback import write_feedback
 from grader.rebuild import rebuild
-from grader.grading import canary, grade_notebook, known_mistakes, plain_kernel_factory, reference_records, run_notes
+from grader.deadlines import penalty
+from grader.grading import (canary, grade_notebook, known_mistakes, plain_kernel_factory, received, reference_records,
+                            run_notes)
 from grader.mutants import load_mutants
 from grader.scenarios import scenarios
 from grader.submissions import MAX_NOTEBOOK_BYTES
@@ -47,6 +49,8 @@ class Spec:
     sandbox: bool = True  # run the kernel in bubblewrap (grader.sandbox)
     problem: str = ""  # set by the collector when there is nothing to grade
     notes: list[str] = field(default_factory=list)  # what collection noticed (renamed, extra files, …)
+    feedback_mode: str = "after-release"  # or "at-once": no hidden-test messages yet (grader/feedback.py)
+    lateness: dict = field(default_factory=dict)  # grader.deadlines.Lateness, shown on the feedback page
 
 
 @dataclass
@@ -62,6 +66,11 @@ class Result:
     mistakes: dict[str, str] = field(default_factory=dict)  # failed test id -> the known mistake (mutant) it matches
     seconds: dict[str, float] = field(default_factory=dict)  # where grading spent its time (benchmarks/run.py)
     broken: str = ""  # set when the grading environment failed its canary: no grade was given
+    answered: list[str] = field(default_factory=list)  # answer cells the student changed from the release
+    unanswered: list[str] = field(default_factory=list)  # failed tests whose answer still raised NotImplementedError
+    submitted_at: str = ""  # hand-in time as collection found it (timestamp.txt or the LMS zip)
+    lateness: dict = field(default_factory=dict)  # grader.deadlines.Lateness ({} when no due date applies)
+    penalty: float = 0.0  # points the late policy took; grades.csv's total = sum(scores) - penalty
 
 
 def _load(path: Path) -> nbformat.NotebookNode:
@@ -112,6 +121,7 @@ def grade(spec: Spec) -> Result:
         return result
     rebuilt, tamper_notes = rebuild(submitted, released)
     result.status += tamper_notes
+    result.answered = _answered(rebuilt, released)
 
     new_kernel = sandbox.kernel_factory(_forkserver()) if spec.sandbox else plain_kernel_factory()
     records = reference_records(assignment, plain_kernel_factory(), spec.timeout)
@@ -129,12 +139,25 @@ def grade(spec: Spec) -> Result:
     result.messages = {test: v.message for test, v in graded.verdicts.items() if v.message}
     result.mistakes = {test: name for test, name in graded.mistakes.items() if name}
     result.status += run_notes(graded)
+    result.unanswered = [step.test for step, run in zip(graded.steps, graded.runs)
+                         if step.test and not graded.verdicts[step.test].passed
+                         and getattr(received(step.test, run, spec.timeout)[0], "error", None) == "NotImplementedError"]
     whys = {m.name: m.why for m in load_mutants(assignment)}
+    taken = penalty(sum(result.scores.values()), sum(max_scores.values()), spec.lateness) if spec.lateness else 0.0
     write_feedback(Path(spec.feedback), student=spec.student, assignment=spec.assignment, notebook=rebuilt,
-                   graded=graded, status=result.status, mistakes={t: whys[n] for t, n in result.mistakes.items()})
+                   graded=graded, status=result.status, mistakes={t: whys[n] for t, n in result.mistakes.items()},
+                   mode=spec.feedback_mode, late=spec.lateness.get("note", ""), penalty=taken)
     spent = graded.seconds()
     result.seconds = {**spent, "judging": judged - started - sum(spent.values()), "feedback": time.monotonic() - judged}
     return result
+
+
+def _answered(rebuilt: nbformat.NotebookNode, released: nbformat.NotebookNode) -> list[str]:
+    """Answer cells whose source differs from the released stub (what tells a blank hand-in from a tried one)."""
+    stubs = {c.metadata["nbgrader"]["grade_id"]: c.source.strip() for c in released.cells
+             if (c.metadata.get("nbgrader") or {}).get("solution")}
+    return [gid for c in rebuilt.cells if (gid := (c.metadata.get("nbgrader") or {}).get("grade_id")) in stubs
+            and c.source.strip() != stubs[gid]]
 
 
 def grade_to_file(spec_path: Path) -> None:

@@ -245,7 +245,8 @@ held = [c.stdout.readline().strip() == "held" for c in children]
 time.sleep(1)
 print("RESULT", sum(h and c.poll() is None for h, c in zip(held, children)))
 """, timeout=60)
-    if step.failure == DIED:  # the whole submission was stopped (watchdog; cgroup v2 memory.oom.group)
+    if step.failure == DIED:  # the whole submission was stopped (watchdog, cgroup v2 memory.oom.group, or the
+        # cgroup v1 OOM killer chose the kernel)
         assert step.reason.startswith("memory limit"), step.reason
         return
     text = "".join(o.get("text", "") for o in step.outputs if o["output_type"] == "stream")
@@ -253,6 +254,12 @@ print("RESULT", sum(h and c.poll() is None for h, c in zip(held, children)))
     assert holding < 3, "three processes held 1.2 GB together under a 1 GiB limit"
     # a cgroup killed one of them: the kernel lives on, and the cgroup counted it
     assert server.cgroups is not None and server.cgroups.oom_kills(folder.name.removeprefix("submission-")) > 0
+
+
+def test_a_kernel_over_the_memory_limit_dies_and_the_status_says_why(start):
+    kernel = start()
+    step = run(kernel, "hog = b'x' * (1200 * 2**20)  # under its address-space limit, over the memory limit", timeout=60)
+    assert step.failure == DIED and step.reason.startswith("memory limit"), (step.failure, step.reason)
 
 
 def test_a_fork_bomb_is_capped(start, server):

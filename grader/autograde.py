@@ -243,7 +243,8 @@ def autograde(
         write_manifest(_mkdir(out), shard, subs)
         subs = [s for s in subs if in_shard(s.student, *shard)]
     graded = sorted({s.assignment for s in subs if s.assignment in known})
-    template = _template([known[a] for a in graded])
+    # (no template when nothing is graded: release.generate would read an empty list as "every assignment")
+    template = _template([known[a] for a in graded]) if graded else Path()
 
     env = dict(os.environ)
     # Parallel kernels share the cores: one torch thread per kernel keeps them from fighting.

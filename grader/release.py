@@ -9,6 +9,7 @@ from pathlib import Path
 
 import nbformat
 
+from grader.bootstrap import add_header
 from grader.course import NOTEBOOKS, REPO, SOLUTIONS, Assignment, assignments, load_config, nbgrader_api
 from grader.markers import HIDDEN_BLOCK, SOLUTION_BLOCK
 
@@ -25,7 +26,10 @@ def normalize(path: Path) -> None:
 
 
 def generate(into: Path, only: list[Assignment] | None = None) -> Path:
-    """Run nbgrader generate_assignment for each assignment into `into/release`; returns `into` (for grading too)."""
+    """Run nbgrader generate_assignment for each assignment into `into/release`; returns `into` (for grading too).
+
+    Each student notebook gets grader/bootstrap.py's header: badges, what it needs, the set-up cell.
+    """
     into.mkdir(parents=True, exist_ok=True)
     config = load_config(release_directory=str(into / "release"))
     config.CourseDirectory.db_url = f"sqlite:///{into / 'gradebook.db'}"
@@ -36,6 +40,7 @@ def generate(into: Path, only: list[Assignment] | None = None) -> Path:
             raise RuntimeError(f"nbgrader could not generate {assignment.name}:\n{result['log']}\n{result.get('error', '')}")
         for nb in (into / "release" / assignment.name).rglob("*.ipynb"):
             normalize(nb)
+            add_header(nb, assignment.name)  # Colab/Kaggle badges, what it needs, the set-up cell
     return into
 
 

@@ -32,7 +32,7 @@ def read_rows(out):
     with open(out / "grades.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     details = {(r["student"], r["assignment"]): r for r in json.loads((out / "results.json").read_text())}
-    fixed = {"student", "assignment", "total", "max_total", "status"}
+    fixed = {"student", "assignment", "total", "max_total", "late_by", "penalty", "status"}
     return {
         (r["student"], r["assignment"]): ({k: float(v) for k, v in r.items() if k not in fixed and v != ""}, r["status"],
                                           details.get((r["student"], r["assignment"]), {}).get("messages", {}),

@@ -106,6 +106,8 @@ def merge(out: Path, folders: list[Path], *, report: bool = True) -> list:
     from grader.worker import Result
 
     manifests = check_shards(folders)
+    if any(out.resolve() == f.resolve() for f in folders):
+        raise ShardError(f"{out} is one of the shards: merge into a new folder")
     results: list[Result] = []
     owner: dict[str, Path] = {}
     for folder, m in zip(folders, manifests):

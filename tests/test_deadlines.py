@@ -104,16 +104,35 @@ def test_an_extension_for_a_student_not_in_the_class_is_refused():
         check_students(POLICY, {"adam", "bo"})
 
 
-@pytest.mark.parametrize("toml, says", [
-    ('[[extension]]\nstudent = "alise"\ndue = "2030-01-20 12:00"', "student 'alise' handed nothing in and is not in the class (did you mean 'alice'?)"),
-    (f'[due]\n{ONE} = "15.01.2030 23:59"', f"[due] {ONE} = '15.01.2030 23:59': not a date and time"),
-])
-def test_autograde_stops_before_grading_on_a_bad_config(tmp_path, toml, says):
+BAD = {
+    "unknown student": ('[[extension]]\nstudent = "alise"\ndue = "2030-01-20 12:00"',
+                        "student 'alise' handed nothing in and is not in the class (did you mean 'alice'?)"),
+    "malformed date": (f'[due]\n{ONE} = "15.01.2030 23:59"', f"[due] {ONE} = '15.01.2030 23:59': not a date and time"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_autograde_stops_before_grading_on_a_bad_config(tmp_path, case):
+    from grader.autograde import autograde
+    from grader.deadlines import load_config
+
+    toml, says = BAD[case]
+    put(tmp_path / "class", "alice", A, reference_submission(A))
+    (tmp_path / "grading.toml").write_text(toml)
+    with pytest.raises(ConfigError) as err:
+        autograde(tmp_path / "class", tmp_path / "out", config=load_config(tmp_path / "grading.toml", NAMES),
+                  sandboxed=False, progress=False)
+    assert says in str(err.value)
+    assert not (tmp_path / "out" / "grades.csv").exists() and not (tmp_path / "out" / ".work" / "results").exists()
+
+
+@pytest.mark.slow
+def test_the_autograde_command_exits_2_and_says_nothing_was_graded(tmp_path):
+    toml, says = BAD["unknown student"]
     put(tmp_path / "class", "alice", A, reference_submission(A))
     (tmp_path / "grading.toml").write_text(toml)
     run = subprocess.run([PYTHON, "-m", "grader", "autograde", str(tmp_path / "class"), "--out", str(tmp_path / "out"),
                           "--config", str(tmp_path / "grading.toml"), "--unsandboxed"],
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert run.returncode == 2, run.stdout + run.stderr
-    assert says in run.stderr and "nothing graded" in run.stderr
-    assert not (tmp_path / "out" / "grades.csv").exists() and not (tmp_path / "out" / ".work" / "results").exists()
+    assert says in run.stderr and "nothing graded" in run.stderr and not (tmp_path / "out" / "grades.csv").exists()

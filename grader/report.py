@@ -5,7 +5,7 @@ script, nothing fetched (its Content-Security-Policy forbids both) — and repor
 
 - per assignment: a histogram of the totals (after any late penalty) and the lateness of the hand-ins;
 - per exercise: the mean, how many hand-ins earned full / partial / zero points, a discrimination index,
-  and why the others failed: each known mistake (grader/mutants/*.toml) with its count, "not answered"
+  and why the others failed: each known mistake (grader/mutants/*.toml) with its count and share, "not answered"
   (the stub still raised NotImplementedError) and "unrecognised" (a failure no known mistake explains);
 - status counts (ok, tampered, timeout, …) with the students listed, and a "look at these" list.
 
@@ -313,7 +313,7 @@ def render(data: dict) -> str:
                         f"<td class=n>{x['full']}</td><td class=n>{x['partial']}</td><td class=n>{x['zero']}</td>"
                         f"<td class=n>{disc}</td><td><ul>{why}</ul></td></tr>")
         parts.append("<table><tr><th>exercise</th><th>points</th><th>mean</th><th>full</th><th>partial</th><th>zero</th>"
-                     "<th>discrimination</th><th>why the others failed</th></tr>" + "".join(rows) + "</table>"
+                     "<th>discrimination</th><th>why the others failed (hand-ins, share of graded hand-ins)</th></tr>" + "".join(rows) + "</table>"
                      f"<p class=muted>Discrimination: {_e(data['discrimination'])}.</p>")
         late = a["lateness"]
         if late["with_due_date"]:

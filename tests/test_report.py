@@ -9,7 +9,6 @@ import os
 import re
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import pytest
 from conftest import PYTHON, REPO, autograde
 from grader.grading import Graded
 from grader.judge import Verdict
-from grader.report import ORDER, analyse, category, render, write_report
+from grader.report import ORDER, analyse, category, render
 from instructor_class import (A, ALL_WRONG, CONFIG, FULL, JDOE, LATE, MUTANTS, NO_TIME, ONE, ROSTER_ONLY, UNRECOGNISED,
                               build_class, canvas_roster, gradescope_roster, moodle_worksheet)
 

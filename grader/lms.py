@@ -35,7 +35,7 @@ Formats followed (header names exactly as below):
   OUT.csv is the worksheet with `Grade` filled, for Upload grading worksheet
   (mod/assign/feedback/offline/importgradeslib.php reads Identifier, Grade and Last modified (grade)).
 - gradescope — Gradescope documents its roster CSV (help.gradescope.com, "Adding students and staff":
-  a name — `Name`, or `First Name` and `Last Name` — `Email` required, `SID` optional); we found no
+  a name — `Name` / `Full Name`, or `First Name` and `Last Name` — `Email` required, `SID` optional); we found no
   published Gradescope score-import format, so OUT.csv follows Gradescope's own grade export ("Download
   Grades"): the roster's name, `SID` and `Email` columns, then per assignment `<name>`, `<name> - Max
   Points`, `<name> - Submission Time`, `<name> - Lateness (H:M:S)`, and `Total Lateness (H:M:S)` — the
@@ -77,7 +77,7 @@ EXAMPLE = {
 CANVAS_IDENTITY = ["Student", "ID", "SIS User ID", "SIS Login ID", "Integration ID", "Root Account", "Section"]
 MOODLE_IDENTITY = ["First name", "Last name", "Surname", "ID number", "Username", "Institution", "Department",
                    "Email address"]
-GRADESCOPE_IDENTITY = ["Name", "First Name", "Last Name", "SID", "Email"]
+GRADESCOPE_IDENTITY = ["Name", "Full Name", "First Name", "Last Name", "SID", "Email"]
 
 
 class RosterError(ValueError):
@@ -104,8 +104,8 @@ class Roster:
         return row[self.header.index(column)].strip() if column in self.header else ""
 
     def name(self, row: list[str]) -> str:
-        for columns in (["Student"], ["Full name"], ["Name"], ["First Name", "Last Name"], ["First name", "Last name"],
-                        ["First name", "Surname"]):
+        for columns in (["Student"], ["Full name"], ["Full Name"], ["Name"], ["First Name", "Last Name"],
+                        ["First name", "Last name"], ["First name", "Surname"]):
             if all(c in self.header for c in columns):
                 return " ".join(self.cell(row, c) for c in columns)
         return ""
@@ -151,8 +151,8 @@ def read_roster(path: Path, fmt: str) -> Roster:
     missing = [c for c in REQUIRED[kind] if c not in names]
     if kind == "moodle-gradebook" and not {"Last name", "Surname"} & names:
         missing.append("Last name")
-    if kind == "gradescope" and not ("Name" in names or {"First Name", "Last Name"} <= names):
-        missing.append("Name (or First Name and Last Name)")
+    if kind == "gradescope" and not ({"Name", "Full Name"} & names or {"First Name", "Last Name"} <= names):
+        missing.append("Name (or Full Name, or First Name and Last Name)")
     if missing:
         raise RosterError(f"{path}, row {header_line} (the header): column {missing[0]!r} missing — "
                           f"{SIGNATURES[fmt][0]} has {EXAMPLE[kind]}{_other_lms(fmt, names)}")

@@ -58,6 +58,8 @@ PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 4, 
 PR_SET_CHILD_SUBREAPER, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 36, 47, 4
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 1
+SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "riscv64": 219, "ppc64le": 271, "s390x": 280}
+KEYCTL_JOIN_SESSION_KEYRING = 1
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -223,8 +225,9 @@ def serve(listener: socket.socket) -> None:
                     pass
 
 
-def _die_with_parent() -> None:
-    parent = os.getppid()
+def _die_with_parent(parent: int | None = None) -> None:
+    """SIGKILL when the parent dies; exit now if it (`parent`, by default the current one) already has."""
+    parent = os.getppid() if parent is None else parent
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:
         os._exit(1)
@@ -363,7 +366,8 @@ def build_root(request: dict, limits: dict, opened: dict) -> str:
 
 def run_a(request: dict, limits: dict, report_w: int, to_server: int, from_server: int) -> int:
     """A: cgroups, namespaces, ids, the new root; then B. Returns B's exit status as A's."""
-    _die_with_parent()
+    server = os.getppid()
+    _die_with_parent(server)
     os.setsid()
     for procs in request.get("cgroups", []):  # before anything else: every later process inherits them
         with open(procs, "w") as f:
@@ -385,6 +389,7 @@ def run_a(request: dict, limits: dict, report_w: int, to_server: int, from_serve
     if root_grader:  # from here on nobody outside the namespace (its capabilities inside stay, for the mounts)
         os.setresgid(INSIDE_GID, INSIDE_GID, INSIDE_GID)
         os.setresuid(INSIDE_UID, INSIDE_UID, INSIDE_UID)
+        _die_with_parent(server)  # a change of uid clears the parent-death signal
     root = build_root(request, limits, opened)
     alive_r, alive_w = os.pipe()  # B's way to see A die before it set its parent-death signal
     pid = os.fork()
@@ -502,7 +507,8 @@ class _Output:
         self.fd, self.passed = fd, 0
         os.set_blocking(fd, False)
 
-    def drain(self) -> None:
+    def drain(self) -> bool:
+        """Pass on what is there; False once no process of the sandbox can write to it any more."""
         try:
             while chunk := os.read(self.fd, 65536):
                 if self.passed < self.LIMIT:
@@ -510,8 +516,11 @@ class _Output:
                     self.passed += len(keep)
                     os.write(2, keep + (b"\n[sandbox: the kernel's further output is dropped]\n"
                                         if self.passed >= self.LIMIT else b""))
-        except (BlockingIOError, OSError):
-            pass
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError:
+            return False
+        return False
 
 
 def run_b(request: dict, limits: dict, root: str, report_w: int, alive_r: int) -> int:
@@ -554,8 +563,8 @@ def run_b(request: dict, limits: dict, root: str, report_w: int, alive_r: int) -
     reason = ""
     while True:
         readable, _, _ = select.select(waiting, [], [], 0.05 if watch else 0.2)
-        if out_r in readable:
-            output.drain()
+        if out_r in readable and not output.drain():
+            waiting.remove(out_r)  # closed by every writer: select would report it forever
         if ready_r in readable:  # the kernel listens: from now on nothing may be written to the socket folder
             message = os.read(ready_r, 1)
             waiting.remove(ready_r)
@@ -621,6 +630,13 @@ def drop_privileges() -> None:
     _prctl(PR_SET_DUMPABLE, 1)  # its own /proc files belong to it again
 
 
+def _new_session_keyring() -> None:
+    """A kernel keyring session of its own: keys it adds die with it instead of waiting for the next kernel."""
+    number = SYS_KEYCTL.get(os.uname().machine)
+    if number is not None:
+        _libc.syscall(number, KEYCTL_JOIN_SESSION_KEYRING, None)  # fails only where keys are not built in
+
+
 def _set_limit(kind: int, soft: int, hard: int | None = None) -> None:
     resource.setrlimit(kind, (soft, soft if hard is None else hard))
 
@@ -639,6 +655,7 @@ def run_c(request: dict, limits: dict, ready_w: int, ack_r: int) -> None:
     _set_limit(resource.RLIMIT_NPROC, limits["processes"])
     _set_limit(resource.RLIMIT_CPU, limits["cpu_seconds"], limits["cpu_seconds"] + 5)
     _set_limit(resource.RLIMIT_CORE, 0)
+    _new_session_keyring()
     drop_privileges()
     os.makedirs(work, exist_ok=True)
     os.chdir(work)

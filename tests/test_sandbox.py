@@ -208,13 +208,16 @@ libc.shmget.restype = ctypes.c_int
 libc.shmat.restype = ctypes.c_void_p
 shm = libc.shmget(0x7A11, 4096, 0o1666)  # IPC_CREAT | 0666
 ctypes.memmove(libc.shmat(shm, None, 0), b"secret", 6)
+SYS_add_key = {"x86_64": 248, "aarch64": 217}.get(os.uname().machine)
+keys = [libc.syscall(SYS_add_key, b"user", f"tml-{name}".encode(), b"secret", 6, ring) if SYS_add_key else 1
+        for name, ring in (("session", -3), ("user", -4))]  # KEY_SPEC_SESSION_KEYRING, KEY_SPEC_USER_KEYRING
 daemon = subprocess.Popen([sys.executable, "-c", "import os, time\\nif os.fork(): os._exit(0)\\ntime.sleep(600)"],
                           start_new_session=True)
 daemon.wait()
 time.sleep(0.2)
-result = {"shm": shm, "processes": sorted(int(p) for p in os.listdir("/proc") if p.isdigit())}
+result = {"shm": shm, "keys": keys, "processes": sorted(int(p) for p in os.listdir("/proc") if p.isdigit())}
 """)
-    assert planted["shm"] >= 0 and len(planted["processes"]) >= 3, planted
+    assert planted["shm"] >= 0 and min(planted["keys"]) > 0 and len(planted["processes"]) >= 3, planted
     first.stop()
     second = start()
     found = ask(second, ATTEMPT + """
@@ -225,9 +228,12 @@ result = {
     "files": [p for p in ("/tmp/leftover", "/dev/shm/leftover") if os.path.exists(p)],
     "shm": libc.shmget(0x7A11, 0, 0),
     "processes": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+    "keys": [name for name, ring in (("session", -3), ("user", -4))  # KEYCTL_SEARCH
+             if libc.syscall({"x86_64": 250, "aarch64": 219}.get(os.uname().machine, -1), 10, ring, b"user",
+                             f"tml-{name}".encode(), 0) > 0],
 }
 """)
-    assert found == {"trapped": False, "startup": False, "files": [], "shm": -1, "processes": [1, 2]}, found
+    assert found == {"trapped": False, "startup": False, "files": [], "shm": -1, "processes": [1, 2], "keys": []}, found
     second.stop()
     server.next_runtime()  # waits until the server has cleaned up after the last kernel
     assert descendants(server.process.pid) == [], "processes of earlier submissions are still running on the host"

@@ -280,12 +280,19 @@ def render(data: dict) -> str:
     """The report page (escaped, self-contained) for `analyse()`'s data."""
     parts = [f"<h1>Class report</h1><p>{data['rows']} rows of grades.csv, {data['graded']} graded hand-ins "
              "(statistics count graded hand-ins only).</p>"]
-    look = data["look_at"]
+    # One row per reason: a note many hand-ins share (a stale release, a broken grader) shows as one line.
+    groups: dict[str, list[str]] = defaultdict(list)
+    for x in data["look_at"]:
+        groups[x["why"]].append(f"{x['student']}/{x['assignment']}")
+    half = max(3, (data["graded"] + 1) // 2)
+    hint = " <b>(half the class or more: the release or the grader, not the students?)</b>"
     parts.append("<h2>Look at these</h2>" + (
-        "<table><tr><th>student</th><th>assignment</th><th>why</th></tr>" + "".join(
-            f"<tr><td>{_e(x['student'])}</td><td>{_e(x['assignment'])}</td><td>{_e(x['why'])}</td></tr>" for x in look)
-        + "</table>" if look else "<p>nothing: no tampering, interference, timeouts, crashes, limits or grader errors, "
-                                  "and no zero after a non-blank hand-in.</p>"))
+        "<table><tr><th>why</th><th>hand-ins</th><th>who (student/assignment)</th></tr>" + "".join(
+            f"<tr><td>{_e(why)}{hint if len(who) >= half else ''}</td><td class=n>{len(who)}</td>"
+            f"<td>{_students(who)}</td></tr>"
+            for why, who in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])))
+        + "</table>" if groups else "<p>nothing: no tampering, interference, timeouts, crashes, limits or grader errors, "
+                                    "and no zero after a non-blank hand-in.</p>"))
     parts.append("<h2>Status</h2><table><tr><th>status</th><th>rows</th><th>who (student/assignment: note)</th></tr>" + "".join(
         f"<tr><td>{_e(cat)}</td><td class=n>{v['count']}</td><td>{_students(v['students'])}</td></tr>"
         for cat, v in data["status"].items()) + "</table>")

@@ -1,297 +1,334 @@
 #!/usr/bin/env python
-"""Run the GPU paths of notebooks 06 and 07 as plain Python (no Jupyter needed).
+"""Run the course itself on a GPU machine: every notebook, top to bottom, three ways (issue 14 item 5).
 
-    python scripts/gpu_check.py                 # on a machine with CUDA: measure and check
-    python scripts/gpu_check.py --cpu-rehearsal # run the same code on the CPU with gloo (tests the script itself)
+    python scripts/gpu_check.py                  # everything, within about 12 minutes
+    python scripts/gpu_check.py --only 06 07     # some notebooks
+    python scripts/gpu_check.py --settings none  # one setting
 
-Without CUDA (and without --cpu-rehearsal) it says so and exits 0: nothing is measured, nothing is faked.
-With CUDA it prints:
-  06 — the fp32 / bf16 / fp16 autocast table (ms per step, peak memory, final loss), synchronised vs
-       unsynchronised timing, pinned vs pageable copies, memory_allocated vs memory_reserved, the seed
-       claims that need a GPU, and one mixed-precision step (fp32 parameters kept, inf step skipped);
-  07 — DDP with nccl on the visible GPUs (one process per GPU): final parameters against single-process
-       training on the global batch, where the all-reduce fires and on which device its buffers live,
-       and FSDP fully_shard bytes per rank with the final parameters against DDP's.
-Exit status 1 when a check fails. `--json PATH` also writes every measurement to PATH.
+It executes every solution notebook, and every released notebook with the reference answers filled in
+(grader.mutants.reference_submission), with nbclient, each in a fresh kernel in an empty folder, under three
+settings:
+  all   every GPU the machine has (CUDA_VISIBLE_DEVICES unset)
+  one   one GPU (CUDA_VISIBLE_DEVICES=0); on a machine with one GPU this is `all` again and is not rerun
+  none  no GPU (CUDA_VISIBLE_DEVICES= empty): the CPU paths, as on a laptop
+and prints one table, notebook × setting → ran / the first failing cell / seconds, then the key GPU figures
+read from the executed notebooks' own outputs: the precision table's rows (with the TF32 rows), the
+backend the DDP demos used and ddp_train's largest difference from one process, and FSDP's bytes per rank.
+A figure whose output line is not there (a skipped cell, a changed notebook) is reported as "not found".
+
+Without CUDA it says so, runs the `none` setting only, and exits 0 when every notebook ran. Exit status 1
+when a notebook failed or ran out of time. Executed notebooks and results.json are kept in --out
+(default build/gpu-check/). Nothing here re-implements a notebook: the numbers are the notebooks' own.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-
-from helpers.distributed import run_torchrun, write_script  # noqa: E402
-from grader.mutants import reference_function  # noqa: E402
-from helpers.precision import measure_precision, time_call  # noqa: E402
-
-# notebook 06's reference answer; helpers/ must not carry it (students receive helpers/)
-amp_train_step = reference_function("06_mixed_precision", "amp_train_step_answer", "amp_train_step", {"torch": torch})
-
-FAILURES: list[str] = []
-REPORT: dict[str, object] = {}
+SETTINGS = {"all": None, "one": "0", "none": ""}  # CUDA_VISIBLE_DEVICES per setting (None: unset)
+HEAVY = ("06_", "07_")  # the notebooks that load the GPU: run one at a time, so their timings are their own
+BUDGET_S = 690.0  # runs not started by then are reported as not run, so the whole check ends within 12 minutes
+CELL_TIMEOUT_S = 300
 
 
-def verify(condition: bool, message: str) -> None:
-    """Print a PASS/FAIL line and remember failures."""
-    print(("  PASS  " if condition else "  FAIL  ") + message)
-    if not condition:
-        FAILURES.append(message)
+@dataclass
+class Run:
+    """One notebook under one setting."""
+
+    notebook: str  # "solution 06_mixed_precision" or "released 06_mixed_precision"
+    setting: str
+    status: str = "not run"  # ran | failed | timeout | crashed | not run
+    first_failure: str = ""
+    seconds: float = 0.0
+    executed: str = ""  # path of the executed notebook
 
 
-def section(title: str) -> None:
-    print(f"\n=== {title} ===", flush=True)
+def visible_gpus() -> int:
+    """How many CUDA devices torch sees here (asked in a child process, so this one never touches CUDA)."""
+    probe = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+    try:
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+        return int(out.stdout.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, ValueError, IndexError):
+        return 0
 
 
-def check_06(device: torch.device, big: bool) -> None:
-    section(f"06 — precision table on {device}")
-    rows = []
-    size = dict(steps=30, batch=4096, width=2048, depth=4) if big else dict(steps=5, batch=128, width=128)
-    for dtype in (None, torch.bfloat16, torch.float16):
-        if dtype == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            print("  bf16 autocast: SKIPPED — this GPU does not support bf16")
-            continue
-        rows.append(measure_precision(amp_train_step, device, dtype, **size))
-    print(f"  {'setting':>28} | {'ms/step':>8} | {'peak MiB':>9} | {'final loss':>10} | skipped")
-    for r in rows:
-        peak = f"{r.peak_mib:9.1f}" if r.peak_mib is not None else "      n/a"
-        print(f"  {r.label:>28} | {r.ms_per_step:8.2f} | {peak} | {r.final_loss:10.4f} | {r.skipped_steps}")
-    REPORT["precision_table"] = [r.__dict__ for r in rows]
-    verify(all(torch.isfinite(torch.tensor(r.final_loss)) for r in rows), "every precision row ends with a finite loss")
+def notebooks(only: list[str]) -> list[tuple[str, str]]:
+    """(kind, assignment name) for every notebook to run, solutions first."""
+    from grader.course import assignments
 
-    section("06 — timing, pinned memory, allocator")
-    n = 4096 if device.type == "cuda" else 256
-    A = torch.randn(n, n, device=device)
-    A @ A
+    chosen = [a.name for a in assignments() if not only or any(a.name.startswith(o) for o in only)]
+    return [("solution", n) for n in chosen] + [("released", n) for n in chosen]
+
+
+def materialise(kind: str, name: str, folder: Path) -> Path:
+    """Write the notebook to run into `folder` (alone, as on a hosted kernel); returns its path."""
+    import nbformat
+
+    from grader.course import assignment_named
+    from grader.mutants import reference_submission
+
+    assignment = assignment_named(name)
+    nb = (nbformat.read(assignment.source, as_version=4) if kind == "solution"
+          else reference_submission(assignment))
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / assignment.notebook
+    nbformat.write(nb, path)
+    return path
+
+
+def kernel_env(setting: str) -> dict[str, str]:
+    """The kernel's environment for `setting`: the GPUs it may see, and this checkout's helpers importable."""
+    env = dict(os.environ)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    if SETTINGS[setting] is not None:
+        env["CUDA_VISIBLE_DEVICES"] = SETTINGS[setting]
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
+
+
+def execute_one(path: Path, setting: str, out: Path) -> dict:
+    """Child process: run one notebook with nbclient; write the executed copy to `out`; return the result."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
     began = time.perf_counter()
-    A @ A
-    wrong = time.perf_counter() - began
-    right = time_call(lambda: A @ A, device, repeats=5)
-    print(f"  {n}x{n} matmul: unsynchronised timer {wrong * 1e3:.3f} ms, synchronised {right * 1e3:.3f} ms")
-    REPORT["timing_ms"] = {"unsynchronised": wrong * 1e3, "synchronised": right * 1e3}
-    if device.type == "cuda":
-        host = torch.randn(64, 1024, 1024)
-        pinned = host.pin_memory()
-        pageable_s = time_call(lambda: host.to(device), device, repeats=3, warmup=1)
-        pinned_s = time_call(lambda: pinned.to(device, non_blocking=True), device, repeats=3, warmup=1)
-        print(f"  256 MiB host->GPU: pageable {pageable_s * 1e3:.2f} ms, pinned non_blocking {pinned_s * 1e3:.2f} ms")
-        REPORT["copy_ms"] = {"pageable": pageable_s * 1e3, "pinned": pinned_s * 1e3}
-        del host, pinned
-        torch.cuda.empty_cache()
-        big_t = torch.empty(256, 1024, 1024, device=device)
-        alloc, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
-        del big_t
-        after = (torch.cuda.memory_allocated(), torch.cuda.memory_reserved())
-        print(f"  1 GiB tensor: allocated {alloc / 2**20:.0f} MiB, reserved {reserved / 2**20:.0f} MiB; "
-              f"after del: allocated {after[0] / 2**20:.0f} MiB, reserved {after[1] / 2**20:.0f} MiB")
-        verify(after[1] >= after[0], "memory_reserved >= memory_allocated after del (the caching allocator keeps the block)")
-
-    section("06 — seed claims on this device")
-    pred = torch.randn(32, 1000, device=device)
-    _, idx = torch.max(pred, dim=1)
-    print(f"  torch.max indices on {idx.device} for input on {pred.device}")
-    REPORT["torch_max_indices_device"] = str(idx.device)
-    if device.type == "cuda":
-        probe = ("import torch\nb=torch.cuda.is_initialized()\na=torch.cuda.is_available()\n"
-                 "m=torch.cuda.is_initialized()\ntorch.zeros(1,device='cuda')\nprint(b,a,m,torch.cuda.is_initialized())")
-        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300).stdout.split()
-        print(f"  fresh process: initialised before / is_available / after is_available / after first tensor: {out}")
-        REPORT["cuda_init_probe"] = out
-    x = torch.randn(4, 8)
-    with torch.autocast(device.type, dtype=torch.float16 if device.type == "cuda" else torch.bfloat16):
-        moved = x.to(device)
-        out_dtype = nn.Linear(8, 2).to(device)(moved).dtype
-    print(f"  x.to({device.type}) inside autocast: {moved.dtype}; first layer ran, output {out_dtype}")
-    verify(moved.dtype == torch.float32, ".to(device) inside autocast keeps the input's dtype")
-
-    section("06 — one mixed-precision step (the notebook's amp_train_step)")
-    low = torch.float16
-    torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3)).to(device)
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    scaler = torch.amp.GradScaler(device.type, init_scale=1024.0)
-
-    def step(X: torch.Tensor, y: torch.Tensor) -> float:
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=low):
-            loss = nn.functional.cross_entropy(net(X.to(device)), y.to(device))
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        return loss.item()
-
-    gen = torch.Generator().manual_seed(0)
-    X, y = torch.randn(16, 8, generator=gen), torch.randint(0, 3, (16,), generator=gen)
-    step(X, y)
-    before = [p.detach().clone() for p in net.parameters()]
-    step(torch.full((16, 8), float("inf")), y)
-    verify(all(p.dtype == torch.float32 for p in net.parameters()), "parameters stay fp32 under fp16 autocast")
-    verify(all(torch.equal(a, b) for a, b in zip(before, net.parameters())), "an inf step is skipped (parameters unchanged)")
-    verify(scaler.get_scale() == 512.0, f"the scale backs off 1024 -> 512 on inf (got {scaler.get_scale():g})")
+    crashed = ""
+    try:
+        NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", allow_errors=True,
+                       resources={"metadata": {"path": str(path.parent)}}).execute(env=kernel_env(setting))
+    except Exception as exc:  # the kernel died, a cell timed out: say which and keep what ran
+        crashed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    seconds = time.perf_counter() - began
+    nbformat.write(nb, out)
+    first = ""
+    for index, cell in enumerate(nb.cells):
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        if cell.cell_type == "code" and errors:
+            grade_id = cell.metadata.get("nbgrader", {}).get("grade_id", "?")
+            first = f"cell {index} ({grade_id}): {errors[0].ename}: {errors[0].evalue.splitlines()[0] if errors[0].evalue else ''}"
+            break
+    status = "crashed" if crashed else "failed" if first else "ran"
+    return {"status": status, "first_failure": (first or crashed)[:200], "seconds": round(seconds, 1)}
 
 
-DDP_SCRIPT = r'''
-import json, os, sys
-import torch, torch.nn as nn, torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.distributed.fsdp import fully_shard
-
-backend = sys.argv[1]
-dist.init_process_group(backend)
-rank, world = dist.get_rank(), dist.get_world_size()
-device = torch.device(f"cuda:{os.environ['LOCAL_RANK']}") if backend == "nccl" else torch.device("cpu")
-if device.type == "cuda":
-    torch.cuda.set_device(device)
-ids = [device.index] if device.type == "cuda" else None
-out = {}
-
-# DDP training vs one process on the global batch
-n, micro, epochs, lr, seed = 64 * world, 8, 2, 0.1, 3
-def problem():
-    torch.manual_seed(seed)
-    net = nn.Sequential(nn.Linear(5, 32), nn.Tanh(), nn.Linear(32, 1))
-    gen = torch.Generator().manual_seed(100)
-    X = torch.randn(n, 5, generator=gen)
-    return net, X, X.sum(1, keepdim=True).sin()
-net, X, y = problem()
-ddp = DDP(net.to(device), device_ids=ids)
-data = TensorDataset(X, y)
-sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=seed)
-opt = torch.optim.SGD(ddp.parameters(), lr=lr)
-for epoch in range(epochs):
-    sampler.set_epoch(epoch)
-    for xb, yb in DataLoader(data, batch_size=micro, sampler=sampler):
-        opt.zero_grad()
-        nn.functional.mse_loss(ddp(xb.to(device)), yb.to(device)).backward()
-        opt.step()
-ref, X, y = problem()
-ref_opt = torch.optim.SGD(ref.parameters(), lr=lr)
-for epoch in range(epochs):
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
-    for idx in perm.split(micro * world):
-        ref_opt.zero_grad()
-        nn.functional.mse_loss(ref(X[idx]), y[idx]).backward()
-        ref_opt.step()
-out["ddp_vs_single_max_diff"] = max((a.detach().cpu() - b.detach()).abs().max().item()
-                                    for a, b in zip(ddp.module.parameters(), ref.parameters()))
-
-# where and when the all-reduce runs
-events = []
-dist._DEFAULT_FIRST_BUCKET_BYTES = 300_000
-torch.manual_seed(0)
-big = nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.Tanh()) for _ in range(4)], nn.Linear(256, 1)).to(device)
-model = DDP(big, bucket_cap_mb=0.3, device_ids=ids)
-for p in model.parameters():
-    p.register_post_accumulate_grad_hook(lambda p: events.append("grad"))
-def hook(state, bucket):
-    events.append("allreduce:" + str(bucket.buffer().device))
-    return default_hooks.allreduce_hook(state, bucket)
-model.register_comm_hook(None, hook)
-x = torch.randn(16, 256, device=device)
-for _ in range(2):
-    events.clear()
-    model(x).square().mean().backward()
-    events.append("returned")
-out["events"] = events
-
-# FSDP fully_shard vs DDP
-def mlp():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).to(device)
-def local_bytes(ts):
-    ts = [t.to_local() if hasattr(t, "to_local") else t for t in ts]
-    return sum(t.numel() * t.element_size() for t in ts)
-d = DDP(mlp(), device_ids=ids)
-f = mlp()
-for layer in f:
-    if isinstance(layer, nn.Linear):
-        fully_shard(layer)
-fully_shard(f)
-gen = torch.Generator().manual_seed(1)
-Xc, yc = torch.randn(64 * world, 64, generator=gen).to(device), torch.randint(0, 10, (64 * world,), generator=gen).to(device)
-mine = slice(rank, None, world)
-stats = {}
-for name, m in (("DDP", d), ("FSDP", f)):
-    o = torch.optim.Adam(m.parameters(), lr=1e-2)
-    for k in range(4):
-        o.zero_grad()
-        nn.functional.cross_entropy(m(Xc[mine][k * 16:(k + 1) * 16]), yc[mine][k * 16:(k + 1) * 16]).backward()
-        g = local_bytes([p.grad for p in m.parameters()])
-        o.step()
-    state = [v for s in o.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0]
-    stats[name] = dict(params=local_bytes(list(m.parameters())), grads=g, optimizer=local_bytes(state))
-stats["max_diff"] = max((a.full_tensor() - b).abs().max().item() for a, b in zip(f.parameters(), d.module.parameters()))
-out["fsdp"] = stats
-print("RESULT " + json.dumps(out), flush=True)
-dist.destroy_process_group()
-'''
+def run_in_child(run: Run, kind: str, name: str, work: Path, out: Path, deadline: float) -> Run:
+    """Run one notebook in its own process (a kernel that hangs is killed with it)."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        run.status, run.first_failure = "not run", "time budget used up"
+        return run
+    folder = work / run.setting / f"{kind}-{name}"
+    path = materialise(kind, name, folder)
+    run.executed = str(out / run.setting / f"{kind}-{name}.ipynb")
+    Path(run.executed).parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--execute-one", str(path), run.setting, run.executed]
+    began = time.perf_counter()
+    try:
+        child = subprocess.run(cmd, capture_output=True, text=True, timeout=max(left, 30), cwd=str(folder))
+        result = json.loads(child.stdout.strip().splitlines()[-1]) if child.returncode == 0 else None
+    except subprocess.TimeoutExpired:
+        run.status, run.first_failure, run.seconds = "timeout", "the time budget ran out", time.perf_counter() - began
+        return run
+    except (ValueError, IndexError):
+        result = None
+    if result is None:
+        run.status, run.seconds = "crashed", time.perf_counter() - began
+        run.first_failure = (child.stderr.strip().splitlines() or ["no output"])[-1][:200]
+        return run
+    run.status, run.first_failure, run.seconds = result["status"], result["first_failure"], result["seconds"]
+    return run
 
 
-def check_07(backend: str, nproc: int) -> None:
-    section(f"07 — DDP and FSDP with {backend} on {nproc} process(es)")
-    folder = Path(tempfile.mkdtemp(prefix="gpu-check-"))
-    script = write_script(DDP_SCRIPT, folder, "ddp_check.py")
-    result = run_torchrun(script, nproc, script_args=[backend], timeout=540, echo=False)
-    print(f"  launch took {result.seconds:.1f} s")
-    REPORT["ddp"] = {}
-    for rank in range(nproc):
-        line = next(l for l in result.lines_from_rank(rank) if l.startswith("RESULT "))
-        out = json.loads(line[len("RESULT "):])
-        REPORT["ddp"][rank] = out
-        verify(out["ddp_vs_single_max_diff"] < 1e-4,
-               f"rank {rank}: DDP final parameters vs single process on the global batch, max diff {out['ddp_vs_single_max_diff']:.2g}")
-        events = out["events"]
-        reduces = [i for i, e in enumerate(events) if e.startswith("allreduce")]
-        grads = [i for i, e in enumerate(events) if e == "grad"]
-        devices = sorted({e.split(":", 1)[1] for e in events if e.startswith("allreduce")})
-        print(f"  rank {rank}: {len(reduces)} bucket all-reduces, buffers on {devices}; "
-              f"first all-reduce before the last gradient: {bool(reduces) and reduces[0] < grads[-1]}")
-        verify(all(i < events.index("returned") for i in reduces), f"rank {rank}: every all-reduce starts inside backward()")
-        if backend == "nccl":
-            verify(all(d.startswith("cuda") for d in devices), f"rank {rank}: bucket buffers stay on the GPU (no copy to the CPU)")
-        s = out["fsdp"]
-        print(f"  rank {rank}: bytes DDP {s['DDP']} vs FSDP {s['FSDP']}; FSDP vs DDP params max diff {s['max_diff']:.2g}")
-        verify(s["max_diff"] < 1e-4, f"rank {rank}: FSDP final parameters equal DDP's")
-        if nproc > 1:
-            verify(s["FSDP"]["params"] < s["DDP"]["params"], f"rank {rank}: FSDP holds fewer parameter bytes than DDP")
+# ---- figures read from the executed notebooks ------------------------------------------------------------
+
+def stream_text(path: str | Path) -> dict[str, str]:
+    """grade_id (or 'cell N') → the text a code cell printed."""
+    import nbformat
+
+    try:
+        nb = nbformat.read(path, as_version=4)
+    except (OSError, ValueError):
+        return {}
+    texts = {}
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        key = cell.metadata.get("nbgrader", {}).get("grade_id") or f"cell {index}"
+        texts[key] = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
+    return texts
+
+
+PRECISION_ROW = re.compile(r"^\s*(cpu|cuda(?::\d+)?)\s*\|\s*([^|]*?(?:fp32|bf16|fp16|TF32)[^|]*?)\s*\|(.*)$", re.M)
+
+
+def figures_06(path: str | Path) -> list[str]:
+    """The precision table's rows (device, setting, the rest of the row) and the bf16 support line."""
+    text = "\n".join(stream_text(path).values())
+    lines = []
+    support = re.search(r"^bf16 on .*$", text, re.M)
+    lines.append(support.group(0).strip() if support else "bf16 support line: not found")
+    rows = PRECISION_ROW.findall(text)
+    if not rows:
+        return lines + ["precision table: not found"]
+    for device, label, rest in rows:
+        cells = [c.strip() for c in rest.split("|")]
+        lines.append(f"{device:>7} | {label:<28} | " + " | ".join(cells))
+    if not any("TF32" in label for _, label, _ in rows):
+        lines.append("TF32 row: not found")
+    return lines
+
+
+def figures_07(path: str | Path) -> list[str]:
+    """The DDP demos' backend, ddp_train's largest difference from one process, FSDP's bytes per rank."""
+    text = "\n".join(stream_text(path).values())
+    lines = []
+    backend = re.search(r"the demos use (\w+) with (\d+) processes", text)
+    lines.append(f"DDP demos: {backend.group(1)} with {backend.group(2)} processes" if backend
+                 else "DDP demos' backend: not found")
+    gpu = re.findall(r"rank (\d+) trained on (\S+) over (\w+): largest difference from one CPU process (\S+)", text)
+    if gpu:
+        lines += [f"ddp_train rank {r} on {where} over {b}: max |param diff| vs one process {d}" for r, where, b, d in gpu]
+    else:
+        skipped = re.search(r"^Skipped: ddp_train over nccl.*$", text, re.M)
+        failed = re.search(r"^The GPU launch failed.*$", text, re.M)
+        lines.append(f"ddp_train over nccl: {(skipped or failed).group(0)[:160]}" if (skipped or failed)
+                     else "ddp_train over nccl: not found")
+    launch = re.search(r"(\d+) parameters, fp32 Adam, (\w+)\.", text)
+    totals = re.findall(r"total on rank 0, ([^:]+): (\d+) bytes", text)
+    if launch:
+        lines.append(f"FSDP vs DDP: {launch.group(1)} parameters over {launch.group(2)}")
+    rows = re.findall(r"^rank (\d+)\s+(params|grads|buckets|optimizer)\s+(.*)$", text, re.M)
+    per_rank: dict[str, list[str]] = {}
+    for rank, kind, rest in rows:
+        per_rank.setdefault(rank, []).append(f"{kind} {rest.split()[-1]}")  # the last column is FSDP
+    if per_rank:
+        lines += [f"FSDP bytes on rank {r}: " + ", ".join(v) for r, v in sorted(per_rank.items())]
+    lines += [f"total bytes on rank 0, {c}: {b}" for c, b in totals] or ["FSDP bytes per rank: not found"]
+    diff = re.search(r"largest difference between FSDP's gathered parameters and DDP's after training: (\S+)", text)
+    lines.append(f"FSDP vs DDP final parameters, max |diff|: {diff.group(1)}" if diff else
+                 "FSDP vs DDP parameter difference: not found")
+    return lines
+
+
+# ---- the table -------------------------------------------------------------------------------------------
+
+def cell_text(run: Run | None) -> str:
+    if run is None:
+        return "-"
+    if run.status == "ran":
+        return f"ran {run.seconds:.0f} s"
+    if run.status == "not run":
+        return "not run"
+    where = re.match(r"cell (\d+)", run.first_failure)
+    return f"{run.status}" + (f" @cell {where.group(1)}" if where else "") + f" {run.seconds:.0f} s"
+
+
+def print_table(runs: list[Run], settings: list[str]) -> None:
+    names = list(dict.fromkeys(r.notebook for r in runs))
+    by = {(r.notebook, r.setting): r for r in runs}
+    width = max(len(n) for n in names) + 2
+    print("\n" + "notebook".ljust(width) + "".join(s.ljust(22) for s in settings))
+    for name in names:
+        print(name.ljust(width) + "".join(cell_text(by.get((name, s))).ljust(22) for s in settings))
+    failures = [r for r in runs if r.status not in ("ran",)]
+    for r in failures:
+        print(f"  {r.notebook} [{r.setting}]: {r.status}: {r.first_failure}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cpu-rehearsal", action="store_true", help="run the same checks on the CPU with gloo (small sizes)")
-    parser.add_argument("--json", type=Path, help="also write the measurements to this file")
+    parser.add_argument("--only", nargs="*", default=[], help="notebooks whose names start with these (e.g. 06 07)")
+    parser.add_argument("--settings", nargs="*", choices=list(SETTINGS), help="default: all three where there is a GPU")
+    parser.add_argument("--jobs", type=int, default=0, help="notebooks run side by side (default: from the CPU count)")
+    parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds after which no new run starts")
+    parser.add_argument("--out", type=Path, default=REPO / "build" / "gpu-check")
+    parser.add_argument("--execute-one", nargs=3, metavar=("NOTEBOOK", "SETTING", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, python {sys.version.split()[0]}")
-    if torch.cuda.is_available():
-        count = torch.cuda.device_count()
-        print(f"CUDA: {count} device(s): " + ", ".join(torch.cuda.get_device_name(i) for i in range(count)))
-        check_06(torch.device("cuda"), big=True)
-        check_07("nccl", min(count, 8))
-    elif args.cpu_rehearsal:
-        print("CPU rehearsal: no GPU numbers below — this only exercises the script's code paths with gloo.")
-        check_06(torch.device("cpu"), big=False)
-        check_07("gloo", 2)
-    else:
-        print("No CUDA device is visible to torch (torch.cuda.is_available() is False): the GPU paths of notebooks "
-              "06 and 07 cannot be measured here, and nothing was run. Run this script on a machine with a GPU, "
-              "or pass --cpu-rehearsal to exercise the same code on the CPU.")
+    if args.execute_one:
+        path, setting, out = args.execute_one
+        print(json.dumps(execute_one(Path(path), setting, Path(out))))
         return 0
-    if args.json:
-        args.json.write_text(json.dumps(REPORT, indent=1, default=str))
-    print(f"\n{len(FAILURES)} check(s) failed" if FAILURES else "\nall checks passed")
-    return 1 if FAILURES else 0
+
+    started = time.monotonic()
+    deadline = started + args.budget
+    import torch
+
+    gpus = visible_gpus()
+    print(f"torch {torch.__version__}, python {sys.version.split()[0]}, {os.cpu_count()} CPU cores; "
+          f"CUDA devices visible: {gpus}")
+    settings = list(args.settings or SETTINGS)
+    if gpus == 0:
+        print("No CUDA device is visible (torch.cuda.is_available() is False): the GPU paths cannot run here. "
+              "Running the 'none' setting only — the CPU paths, as on a laptop.")
+        settings = ["none"]
+    elif gpus == 1 and "one" in settings and "all" in settings:
+        settings.remove("one")
+        print("One GPU: the 'one' setting (CUDA_VISIBLE_DEVICES=0) is the 'all' setting here; it runs once, as 'all'.")
+    jobs = args.jobs or max(1, min(4, (os.cpu_count() or 2) // 4))
+    todo = [(kind, name, s) for s in settings for kind, name in notebooks(args.only)]
+    print(f"{len(todo)} runs ({len(todo) // max(len(settings), 1)} notebooks × {', '.join(settings)}); "
+          f"{jobs} side by side, the GPU-heavy ones ({', '.join(h.rstrip('_') for h in HEAVY)}) one at a time; "
+          f"no new run after {args.budget:.0f} s", flush=True)
+
+    work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    args.out.mkdir(parents=True, exist_ok=True)
+    runs: list[Run] = []
+    lock = threading.Lock()
+    heavy_lane = threading.Lock()
+
+    def one(item: tuple[str, str, str]) -> Run:
+        kind, name, setting = item
+        run = Run(f"{kind} {name}", setting)
+        if name.startswith(HEAVY):
+            with heavy_lane:
+                run = run_in_child(run, kind, name, work, args.out, deadline)
+        else:
+            run = run_in_child(run, kind, name, work, args.out, deadline)
+        with lock:
+            runs.append(run)
+            print(f"  [{time.monotonic() - started:5.0f} s] {run.notebook} [{setting}]: {cell_text(run)}"
+                  + (f" — {run.first_failure}" if run.first_failure else ""), flush=True)
+        return run
+
+    # heavy notebooks first: they are the longest, and the lane is serial
+    ordered = sorted(todo, key=lambda t: (not t[1].startswith(HEAVY), settings.index(t[2])))
+    with ThreadPoolExecutor(max_workers=jobs + 1) as pool:
+        list(pool.map(one, ordered))
+    order = {(f"{k} {n}", s): i for i, (k, n, s) in enumerate(todo)}
+    runs.sort(key=lambda r: order[(r.notebook, r.setting)])
+    print_table(runs, settings)
+
+    print("\nKey GPU figures, read from the executed solution notebooks' outputs:")
+    for setting in settings:
+        for prefix, reader in (("06_", figures_06), ("07_", figures_07)):
+            run = next((r for r in runs if r.setting == setting and r.notebook.startswith(f"solution {prefix}")), None)
+            if run is None:
+                continue
+            print(f"[{setting}] {run.notebook}:")
+            for line in (reader(run.executed) if run.executed and Path(run.executed).exists() else ["not run"]):
+                print("    " + line)
+    (args.out / "results.json").write_text(json.dumps({"gpus": gpus, "torch": torch.__version__,
+                                                       "runs": [asdict(r) for r in runs]}, indent=1))
+    bad = [r for r in runs if r.status != "ran"]
+    print(f"\n{len(runs) - len(bad)} of {len(runs)} runs ran to the end; {time.monotonic() - started:.0f} s in all; "
+          f"executed notebooks in {args.out}")
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

@@ -411,9 +411,9 @@ def run_ranks(
     """Run `target` as ranks 0..nproc-1 on this machine, as torchrun --standalone would, and stream their output (notebook 07).
 
     `target` is a function or a script file. A function runs in `nproc` processes forked from this one
-    (Linux), each already in a process group of `backend` (default: `choose_backend(nproc)`) with its
-    device set (`init_rank`; with `init=False` the function joins a group itself); it is called as
-    `target(*args, **kwargs)` and what each rank returns comes back in the result's `values`. A script
+    (os.fork: Linux, macOS), each already in a process group of `backend` (default: `choose_backend(nproc)`)
+    with its device set (`init_rank`; with `init=False` the function joins a group itself); it is called
+    as `target(*args, **kwargs)` and what each rank returns comes back in the result's `values`. A script
     runs as `python script *script_args` with the variables torchrun sets and `TML_BACKEND`; it joins
     the group itself (`init_rank()`). On Linux (`fork` None or True) a script's ranks are forked from
     the kernel's rank server, whose torch is imported already; with `fork=False`, or elsewhere, each is
@@ -549,12 +549,16 @@ def _preload() -> None:
 
 
 def _run_function(fn: Callable[..., Any], nproc: int, args: tuple, kwargs: dict, backend: str, init: bool, *,
-                  timeout: float,
-                  env: Mapping[str, str] | None, echo: bool, check: bool, threads_per_process: int) -> LaunchResult:
+                  timeout: float, env: Mapping[str, str] | None, echo: bool, check: bool,
+                  threads_per_process: int) -> LaunchResult:
     import torch
 
-    if backend == "nccl" and not _nccl_possible(nproc):
-        raise LaunchError(_nccl_impossible(nproc), _nccl_impossible(nproc))
+    if not hasattr(os, "fork"):
+        raise LaunchError("run_ranks(function) forks the ranks from this process, which this platform cannot do: "
+                          "use Linux (or WSL) or macOS", "this platform cannot fork")
+    why_not = _nccl_impossible(nproc) if backend == "nccl" else ""
+    if why_not:
+        raise LaunchError(why_not, why_not)
     if backend == "nccl" and torch.cuda.is_initialized():
         raise LaunchError(
             "CUDA is already initialised in this process, and a process forked from it cannot use CUDA, so the "
@@ -604,10 +608,6 @@ def _run_function(fn: Callable[..., Any], nproc: int, args: tuple, kwargs: dict,
                         tuple(r.get("value") if r else None for r in records), backend)
 
 
-def _nccl_possible(nproc: int) -> bool:
-    return not _nccl_impossible(nproc)
-
-
 def _nccl_impossible(nproc: int) -> str:
     """Why nccl cannot run `nproc` ranks here ('' when it can): it needs nccl built in and a GPU per rank."""
     import torch
@@ -643,6 +643,28 @@ def _fork_rank(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: str, 
     return _ForkedRank(pid, os.fdopen(read_end, "rb", buffering=0))
 
 
+def _leave_together(timeout: float) -> None:
+    """Leave the process group; rank 0, which hosts the group's store, waits until every other rank has left.
+
+    A rank whose function ends without a last collective may still need rank 0's store (to join or to
+    leave the group) after rank 0's function has returned: rank 0 must not exit before it.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    store, rank, world = _get_default_store(), dist.get_rank(), dist.get_world_size()
+    dist.destroy_process_group()
+    if rank != 0:
+        store.add("tml/left", 1)
+        return
+    deadline = time.monotonic() + timeout
+    while store.add("tml/left", 0) < world - 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
 def _become_forked_rank(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: str, env: dict[str, str],
                         threads: int, record_path: Path, timeout: float, close: list[int], output: int) -> None:
     code, record = 1, {"error": "SystemExit", "message": "the rank stopped before it finished"}
@@ -667,8 +689,7 @@ def _become_forked_rank(fn: Callable[..., Any], args: tuple, kwargs: dict, backe
             init_rank(backend, timeout_s=max(5.0, timeout))
         value = fn(*args, **kwargs)
         record, code = {"value": value}, 0
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        _leave_together(timeout)
     except BaseException as exc:  # noqa: BLE001 — reported to the launcher by type and message
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename == __file__:

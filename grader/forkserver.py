@@ -15,17 +15,18 @@ would import, then serves one connection per submission. For each one it forks:
        set), then ipykernel. Once its sockets are bound, B makes the socket folder read-only.
 
 Nothing a kernel leaves survives it: its files live in tmpfs mounts of its own mount namespace, its
-processes in its PID namespace, its IPC objects in its IPC namespace, and all of them go when B exits.
-The server and A are outside the kernel's PID namespace, so it cannot signal or trace them.
+processes in its PID namespace, its IPC objects in its IPC namespace, its keys in a session keyring of
+its own, and all of them go when B exits. The server and A are outside the kernel's PID namespace, so it
+cannot signal or trace them, and A closes every descriptor it inherited from the server (the listening
+socket above all) before anything else. The kernel's own stdout and stderr reach the worker's log
+through B, 64 KiB at most.
 
 This file imports nothing from grader/: it also runs on its own (`--single`, one kernel, no preload).
 """
 
 from __future__ import annotations
 
-import array
 import ctypes
-import errno
 import fcntl
 import gc
 import importlib
@@ -75,9 +76,13 @@ def _prctl(option: int, arg: int = 0) -> None:
     _call(_libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0), f"prctl({option})")
 
 
+def _bytes(text: str | None) -> bytes | None:
+    return None if text is None else text.encode()
+
+
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    enc = lambda s: s.encode() if s is not None else None  # noqa: E731
-    _call(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
+    _call(_libc.mount(_bytes(source), _bytes(target), _bytes(fstype), ctypes.c_ulong(flags), _bytes(data)),
+          f"mount {target}")
 
 
 # --- the server ---------------------------------------------------------------------------------------------
@@ -135,6 +140,16 @@ def _reap_all(deadline: float) -> None:
             time.sleep(0.005)
 
 
+def _close_all_but(*keep: int) -> None:
+    """Close every inherited descriptor but `keep`: the server's socket must not reach a kernel."""
+    for name in os.listdir("/proc/self/fd"):
+        if int(name) not in keep:
+            try:
+                os.close(int(name))
+            except OSError:
+                pass  # the descriptor of the listing itself, closed already
+
+
 def start_submission(request: dict, limits: dict) -> tuple[int, int, int]:
     """Fork A for `request`, map its ids; (A's pid, a pidfd for it, the read end of B's report pipe)."""
     report_r, report_w = os.pipe()
@@ -144,8 +159,7 @@ def start_submission(request: dict, limits: dict) -> tuple[int, int, int]:
     if pid == 0:
         code = 1
         try:
-            for fd in (report_r, to_a_w, from_a_r):
-                os.close(fd)
+            _close_all_but(0, 1, 2, report_w, from_a_w, to_a_r)  # the listening socket above all
             code = run_a(request, limits, report_w, from_a_w, to_a_r)
         except BaseException:  # noqa: BLE001 — never fall back into the server's loop
             traceback.print_exc()
@@ -427,8 +441,10 @@ def _write(path: str, value: object) -> None:
 def enter_root(root: str, limits: dict) -> None:
     """B: a /proc of the new PID namespace, then pivot into `root` and drop the old one."""
     _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    # no user namespace below this one: nothing to mount, nothing to unlock
-    _write(f"{root}/proc/sys/user/max_user_namespaces", 0)
+    try:  # no user namespace below this one: nothing to mount, nothing to unlock (hardening: best effort)
+        _write(f"{root}/proc/sys/user/max_user_namespaces", 0)
+    except OSError:
+        pass
     for covered in ("sys", "sysrq-trigger", "irq", "bus"):  # as bubblewrap does: kernel knobs stay read-only
         path = f"{root}/proc/{covered}"
         if os.path.exists(path):

@@ -90,6 +90,11 @@ def limits_key() -> str:
 
 # --- cgroups ------------------------------------------------------------------------------------------------
 
+def _lines(path: str) -> list[str]:
+    with open(path) as f:
+        return f.read().splitlines()
+
+
 def _mountinfo() -> list[tuple[str, str, str, str]]:
     """(root, mount point, fs type, super options) of each mount this process sees."""
     found = []
@@ -123,7 +128,7 @@ class MemoryCgroups:
     @classmethod
     def _v2(cls, tag: str) -> MemoryCgroups | None:
         try:
-            path = next(line.split(":", 2)[2].strip() for line in open("/proc/self/cgroup") if line.startswith("0::"))
+            path = next(line.split(":", 2)[2].strip() for line in _lines("/proc/self/cgroup") if line.startswith("0::"))
             mount = next(point for root, point, fstype, _ in _mountinfo() if fstype == "cgroup2" and root == "/")
         except (OSError, StopIteration):
             return None
@@ -138,13 +143,23 @@ class MemoryCgroups:
     @classmethod
     def _v1(cls, tag: str) -> MemoryCgroups | None:
         try:
-            path = next(line.split(":", 2)[2].strip() for line in open("/proc/self/cgroup")
+            path = next(line.split(":", 2)[2].strip() for line in _lines("/proc/self/cgroup")
                         if "memory" in line.split(":", 2)[1].split(","))
             mount = next(point for root, point, fstype, opts in _mountinfo()
                          if fstype == "cgroup" and "memory" in opts.split(",") and root == "/")
         except (OSError, StopIteration, IndexError):
             return None
         return cls(1, Path(mount + path), tag)
+
+    def sweep(self) -> None:
+        """Remove the cgroups that workers no longer running left behind (a worker killed before its cleanup)."""
+        for folder in self.base.glob("tml-*"):
+            pid = folder.name.split("-")[1]
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                try:
+                    folder.rmdir()
+                except OSError:
+                    pass
 
     def _works(self) -> bool:
         try:
@@ -278,7 +293,7 @@ def why_unavailable() -> str:
         _own_folder(folder / "run")
         request = {**_request(folder / "run", [], Limits()), "probe": True}
         probe = subprocess.run([sys.executable, str(FORKSERVER), "--single", json.dumps(request)],
-                               capture_output=True, text=True, timeout=60, env=_kernel_env())
+                               capture_output=True, text=True, timeout=60, env=_kernel_env(), check=False)
     except (OSError, subprocess.SubprocessError) as exc:
         return f"{type(exc).__name__}: {exc}"
     finally:
@@ -349,7 +364,9 @@ class ForkServer:
         self.submissions = 0
         self.limits = Limits.from_env()
         self.cgroups = MemoryCgroups.detect(f"{os.getpid()}-{self.folder.name[-8:]}")
-        if self.cgroups is None:
+        if self.cgroups is not None:
+            self.cgroups.sweep()
+        else:
             print("grader: no cgroup for the sandbox's memory limit here; a watchdog enforces it "
                   "(python -m grader.sandbox check)", file=sys.stderr)
 

@@ -476,18 +476,50 @@ def _anon_bytes(pid: int, source: str = "status") -> int:
     return total
 
 
-def over_memory(limit: int) -> int:
-    """0, or the bytes all processes of the namespace hold together when that is above `limit`.
+class MemoryWatch:
+    """The memory limit where no cgroup enforces it: PID 1 adds up what the namespace's processes hold.
 
-    Pages a process shares with the fork server (torch, imported once) count in proportion: their
-    resident size first (cheap, never less), and only above the limit the proportional size.
+    Counted: anonymous and shared memory of every process (pages shared with the fork server, torch
+    imported once, in proportion: their resident size first, cheap and never less, and only above the
+    limit the proportional size), System V segments and message queues, and memfd files (their
+    descriptors are looked at every half second). Files in /tmp and /dev/shm are bounded by those
+    mounts' sizes instead.
     """
-    pids = _tasks()
-    ipc = _sysv_bytes()
-    if ipc + sum(_anon_bytes(p) for p in pids) <= limit:
-        return 0
-    used = ipc + sum(_anon_bytes(p, "smaps_rollup") for p in pids)
-    return used if used > limit else 0
+
+    FD_SCAN_S = 0.5
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.memfd, self.scanned = limit, 0, 0.0
+
+    def over(self) -> int:
+        """0, or the bytes held together when that is above the limit."""
+        pids = _tasks()
+        if time.monotonic() - self.scanned > self.FD_SCAN_S:
+            self.memfd, self.scanned = _memfd_bytes(pids), time.monotonic()
+        fixed = _sysv_bytes() + self.memfd
+        if fixed + sum(_anon_bytes(p) for p in pids) <= self.limit:
+            return 0
+        used = fixed + sum(_anon_bytes(p, "smaps_rollup") for p in pids)
+        return used if used > self.limit else 0
+
+
+def _memfd_bytes(pids: list[int]) -> int:
+    """Memory in memfd files any of `pids` holds open (each file once): it belongs to no process's resident set."""
+    seen: dict[tuple[int, int], int] = {}
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            path = f"/proc/{pid}/fd/{fd}"
+            try:
+                if os.readlink(path).startswith("/memfd:"):
+                    info = os.stat(path)
+                    seen[(info.st_dev, info.st_ino)] = info.st_blocks * 512
+            except OSError:
+                continue
+    return sum(seen.values())
 
 
 def _sysv_bytes() -> int:
@@ -574,7 +606,7 @@ def run_b(request: dict, limits: dict, root: str, report_w: int, alive_r: int) -
         os.close(fd)
     kernel = os.pidfd_open(pid)
     output = _Output(out_r)
-    watch = limits["memory_bytes"] if request.get("watchdog", True) else 0
+    watch = MemoryWatch(limits["memory_bytes"]) if request.get("watchdog", True) else None
     waiting = [kernel, ready_r, out_r]
     reason = ""
     while True:
@@ -593,8 +625,8 @@ def run_b(request: dict, limits: dict, root: str, report_w: int, alive_r: int) -
         if kernel in readable:
             break
         _reap_orphans(pid)
-        if watch and (used := over_memory(watch)):
-            reason = (f"memory limit: its processes held {_size(used)} together, more than {_size(watch)} "
+        if watch and (used := watch.over()):
+            reason = (f"memory limit: its processes held {_size(used)} together, more than {_size(watch.limit)} "
                       f"(watchdog)")
             break
     _kill_all()
@@ -603,7 +635,7 @@ def run_b(request: dict, limits: dict, root: str, report_w: int, alive_r: int) -
     code = os.waitstatus_to_exitcode(status)
     if not reason and code < 0:
         cpu = usage.ru_utime + usage.ru_stime
-        if -code == signal.SIGXCPU or (-code == signal.SIGKILL and cpu >= limits["cpu_seconds"]):
+        if -code in (signal.SIGXCPU, signal.SIGKILL) and cpu >= limits["cpu_seconds"] - 0.5:
             reason = f"CPU time limit: {limits['cpu_seconds']} s"
     if reason:
         os.write(report_w, reason.encode())

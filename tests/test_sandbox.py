@@ -282,6 +282,19 @@ def test_a_kernel_over_the_memory_limit_dies_and_the_status_says_why(start):
     assert step.failure == DIED and step.reason.startswith("memory limit"), (step.failure, step.reason)
 
 
+def test_memory_in_files_no_process_maps_counts_too(start):
+    """memfd files belong to no process's resident memory; System V segments, /tmp and /dev/shm are tested above."""
+    step = run(start(), """
+import os, time
+files = []
+for i in range(80):  # 80 x 15 MiB = 1.2 GB, each under the 16 MiB file limit, together over 1 GiB
+    files.append(os.memfd_create(f"hold-{i}"))
+    os.write(files[-1], b"x" * (15 * 2**20))
+time.sleep(3)
+""", timeout=60)
+    assert step.failure == DIED and step.reason.startswith("memory limit"), (step.failure, step.reason)
+
+
 def test_a_fork_bomb_is_capped(start, server):
     kernel = start()
     result = ask(kernel, """

@@ -146,7 +146,7 @@ def run_notes(graded: Graded) -> list[str]:
     """Status notes for what went wrong while the notebook ran (timeouts, crashes, floods)."""
     notes = []
     for step, run in zip(graded.steps, graded.runs):
-        where = f"test {step.test}" if step.test else f"cell {step.label}"
+        where = f"test {step.test}" if step.test else step.label if step.label.startswith("cell ") else f"cell {step.label}"
         if run.failure in (TIMEOUT, KILLED):
             notes.append(f"timeout in {where}" + (" (the kernel was stopped)" if run.failure == KILLED else ""))
         elif run.failure == DIED:  # with the limit that killed it, when the sandbox knows
@@ -159,7 +159,7 @@ def run_notes(graded: Graded) -> list[str]:
             notes.append(f"out of memory in {where}")
         elif step.test and len(run.payloads) != 1:
             # Something in the notebook got between the test and the grader: worth the instructor's look.
-            notes.append(f"interference in {where}: {len(run.payloads)} results came back instead of one")
+            notes.append(f"interference in {where}: {'no result' if not run.payloads else 'more than one result'} came back")
     return notes
 
 

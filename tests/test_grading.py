@@ -13,7 +13,7 @@ from conftest import PYTHON, autograde, read_rows, shown_lines
 from grader.course import assignment_named, assignments
 from grader.cribs import crib_problems
 from grader.grading import plain_kernel_factory, reference_records
-from grader.mutants import load_mutants, reference_submission
+from grader.mutants import load_mutants, reference_answers, reference_submission
 from grader.release import secret_lines
 from grader.selftest import mismatches, write_selftest_class
 
@@ -54,7 +54,11 @@ def test_feedback_shows_no_hidden_test(selftest):
     pages = list((graded / "feedback").rglob("*.html"))
     assert pages, "no feedback was written"
     for assignment in assignments():
-        hidden = secret_lines(nbformat.read(assignment.source, as_version=4), solutions=False)
+        # Hidden-test lines that no answer (reference or mutant) also contains: an answer cell is shown on purpose.
+        answers = {line.strip() for source in [*reference_answers(assignment).values(),
+                                               *(m.source for m in load_mutants(assignment))]
+                   for line in source.splitlines()}
+        hidden = secret_lines(nbformat.read(assignment.source, as_version=4), solutions=False) - answers
         for page in (graded / "feedback").glob(f"*/{assignment.name}/*.html"):
             leaked = hidden & shown_lines(page.read_text())
             assert not leaked, f"{page} shows hidden test lines: {sorted(leaked)[:3]}"

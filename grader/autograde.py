@@ -42,10 +42,10 @@ class SandboxUnavailable(RuntimeError):
 
 def code_digest(root: Path = REPO) -> str:
     """Everything that can change a grade besides the hand-in: grader/ (with the nbgrader config and the
-    mutants), helpers/, the sandbox's memory limit, torch and Python."""
+    mutants), helpers/, the sandbox's limits, torch and Python."""
     import torch
 
-    digest = hashlib.sha256(f"{torch.__version__}\0{sys.version}\0{os.environ.get(sandbox.MEMORY_ENV, '')}".encode())
+    digest = hashlib.sha256(f"{torch.__version__}\0{sys.version}\0{sandbox.limits_key()}".encode())
     for folder in (root / "grader", root / "helpers"):
         for path in sorted(folder.rglob("*")):
             if path.is_file() and "__pycache__" not in path.parts:
@@ -214,18 +214,18 @@ def autograde(
 
     Results are kept per submission with a fingerprint, so a re-run (after an interruption, or with
     new submissions) grades only what changed; `force` grades everything again. Student code runs
-    in the bubblewrap sandbox (grader.sandbox) unless `sandboxed` is False. `config` holds due dates,
+    in the kernel sandbox (grader.sandbox) unless `sandboxed` is False. `config` holds due dates,
     extensions and the late policy (grader/deadlines.py; checked against the class before grading);
     `feedback` the feedback page's mode (default: the config's, else "after-release"). `shard` = (K, N)
     grades only the students of shard K of N (grader/shards.py); `grader merge` joins the shards.
     """
     config = config or Config()
     feedback = feedback or config.feedback
-    if sandboxed and not sandbox.bwrap_works():
+    if sandboxed and (why := sandbox.why_unavailable()):
         raise SandboxUnavailable(
-            "bubblewrap (bwrap) is missing or cannot create namespaces here, so student code would run with "
-            "your permissions. Install it (`apt-get install bubblewrap`, or ./course setup), or pass "
-            "--unsandboxed to grade without isolation at your own risk.")
+            f"the kernel sandbox cannot be built here ({why}), so student code would run with your permissions. "
+            "It needs Linux user namespaces (`python -m grader.sandbox check` says more); or pass --unsandboxed "
+            "to grade without isolation at your own risk.")
     if sandboxed and not sandbox.kernelspec_dir().exists():
         sandbox.install_kernelspec()
     jobs = jobs or os.cpu_count() or 1

@@ -170,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     grade.add_argument("--assignment", help="grade only this assignment")
     grade.add_argument("--force", action="store_true", help="grade again even what an earlier run already graded")
     grade.add_argument("--unsandboxed", action="store_true",
-                       help="run student code without bubblewrap isolation (only for code you trust)")
+                       help="run student code without the kernel sandbox (only for code you trust)")
     grade.add_argument("--config", type=Path,
                        help="TOML with due dates, extensions, the late policy and the feedback mode (grader/deadlines.py)")
     grade.add_argument("--feedback", choices=["after-release", "at-once"],

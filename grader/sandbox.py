@@ -304,15 +304,6 @@ def why_unavailable() -> str:
     return lines[-1] if lines else f"exit status {probe.returncode}"
 
 
-def bwrap_works() -> bool:
-    """True when the kernel sandbox can be built here (its old name: bubblewrap is no longer needed).
-
-    The sandbox needs Linux user namespaces (unprivileged ones when the grader is not root) and a /proc
-    that is not partly hidden (as in a default Docker container).
-    """
-    return why_unavailable() == ""
-
-
 def kernelspec_dir(prefix: str = sys.prefix) -> Path:
     return Path(prefix) / "share" / "jupyter" / "kernels" / KERNEL_NAME
 

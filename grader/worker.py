@@ -46,7 +46,7 @@ class Spec:
     result: str  # where to write the Result JSON
     feedback: str  # where to write the feedback HTML
     timeout: int  # seconds per cell
-    sandbox: bool = True  # run the kernel in bubblewrap (grader.sandbox)
+    sandbox: bool = True  # run the kernel in the sandbox (grader.sandbox)
     problem: str = ""  # set by the collector when there is nothing to grade
     notes: list[str] = field(default_factory=list)  # what collection noticed (renamed, extra files, …)
     feedback_mode: str = "after-release"  # or "at-once": no hidden-test messages yet (grader/feedback.py)

@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO))
 SETTINGS = {"all": None, "one": "0", "none": ""}  # CUDA_VISIBLE_DEVICES per setting (None: unset)
 HEAVY = ("06_", "07_")  # the notebooks that load the GPU: run one at a time, so their timings are their own
 BUDGET_S = 690.0  # runs not started by then are reported as not run, so the whole check ends within 12 minutes
-CELL_TIMEOUT_S = 300
+CELL_TIMEOUT_S = 120  # notebook cells take seconds; this bounds a stuck one
 
 
 @dataclass

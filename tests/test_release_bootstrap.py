@@ -191,6 +191,23 @@ def test_declared_dependencies_pull_in_no_torch():
         "torchviz depends on torch: that is why it is a kernel extra installed under a torch constraint")
 
 
+def test_the_pins_satisfy_the_declared_dependencies():
+    """`./course setup` installs requirements.txt and the project with --no-deps; `pip check` then needs these to hold."""
+    from packaging.requirements import Requirement
+
+    pins = {}
+    for line in (REPO / "requirements.txt").read_text().splitlines():
+        if "==" in line and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[name.strip().lower()] = version.strip()
+    for line in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]:
+        req = Requirement(line)
+        assert req.name.lower() in pins, f"{req.name} is a dependency of the course but not pinned in requirements.txt"
+        assert req.specifier.contains(pins[req.name.lower()]), f"requirements.txt's {req.name} pin is outside {req}"
+    (torch_range,) = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["torch"]
+    assert Requirement(torch_range).specifier.contains(pins["torch"])
+
+
 def test_the_package_ships_helpers(tmp_path):
     """The wheel the set-up cell installs holds `helpers`, and its metadata declares torch only as an extra."""
     source = tmp_path / "src"

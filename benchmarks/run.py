@@ -21,7 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
+from helpers.runner import NotebookRunner
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -43,7 +43,7 @@ def peak_rss_mib(pid: int) -> float:
 def run_notebook(path: Path) -> dict[str, float]:
     """Execute a notebook cell by cell; wall time including kernel start, slowest demo cell, kernel peak RSS."""
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=True,
+    client = NotebookRunner(nb, timeout=600, kernel_name="python3", allow_errors=True,
                             resources={"metadata": {"path": str(path.parent)}})
     start = time.perf_counter()
     slowest_demo, slowest_any, errors = 0.0, 0.0, 0

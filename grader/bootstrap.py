@@ -24,13 +24,15 @@ from pathlib import Path
 
 import nbformat
 
+from helpers import cells
+
 REPO = Path(__file__).resolve().parent.parent
 PYPROJECT = REPO / "pyproject.toml"
 
 MARKDOWN_ID = "course-kernel"
 CELL_ID = "course-bootstrap"
 GRADE_ID = "course_bootstrap"
-TAG = "bootstrap"  # grading skips cells with this tag (grader/grading.py SKIPPED_TAGS)
+TAG = cells.BOOTSTRAP  # grading skips it (helpers/cells.py)
 
 # What each notebook needs: one of the keys of NEEDS_TEXT. A new notebook gets an entry here.
 NEEDS = {

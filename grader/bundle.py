@@ -70,7 +70,9 @@ def _code_lines(text: str) -> list[str]:
 def _secret_patterns(min_chars: int = 40, run: int = 3) -> tuple[set[str], set[tuple[str, ...]]]:
     """Distinctive solution/hidden-test lines (long, and public in no notebook) and runs of `run` consecutive ones."""
     def windows(blocks: list[list[str]]) -> set[tuple[str, ...]]:
-        return {tuple(block[i:i + run]) for block in blocks for i in range(len(block) - run + 1)}
+        # runs with some substance: `try: / yield / finally:` is every context manager, not a solution
+        return {tuple(block[i:i + run]) for block in blocks for i in range(len(block) - run + 1)
+                if sum(map(len, block[i:i + run])) >= min_chars}
 
     public: list[list[str]] = []
     secret: list[list[str]] = []

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
+from helpers import cells
 from traitlets.config import Config
 from traitlets.config.loader import PyFileConfigLoader
 
@@ -46,12 +47,7 @@ class Assignment:
 
     def grade_cells(self) -> dict[str, float]:
         """grade_id → points of every graded test cell, in notebook order."""
-        nb = nbformat.read(self.source, as_version=4)
-        return {
-            cell.metadata.nbgrader["grade_id"]: float(cell.metadata.nbgrader["points"])
-            for cell in nb.cells
-            if cell.metadata.get("nbgrader", {}).get("grade")
-        }
+        return cells.points(nbformat.read(self.source, as_version=4).cells)
 
 
 def assignments() -> list[Assignment]:

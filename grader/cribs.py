@@ -32,6 +32,7 @@ from grader.judge import ScenarioRecord
 from grader.markers import SOLUTION_BLOCK
 from grader.mutants import MUTANTS, reference_answers, reference_submission
 from grader.scenarios import scenarios
+from helpers import cells
 
 
 @dataclass(frozen=True)
@@ -89,11 +90,10 @@ def _visible(assignment: Assignment) -> dict[str, tuple[str, ast.FunctionDef | a
     """name → (origin, definition, its source) for every def/class in a non-answer cell of the released notebook."""
     found = {}
     for cell in nbformat.read(assignment.release, as_version=4).cells:
-        info = cell.metadata.get("nbgrader") or {}
-        if cell.cell_type != "code" or info.get("solution"):
+        if cells.kind(cell) in (cells.PROSE, cells.ANSWER):
             continue
         for name, node in _definitions(cell.source).items():
-            found[name] = (f"cell {info.get('grade_id', '?')} of the released notebook", node,
+            found[name] = (f"cell {cells.grade_id(cell) or '?'} of the released notebook", node,
                            ast.get_source_segment(cell.source, node) or ast.unparse(node))
     return found
 
@@ -131,13 +131,11 @@ def _exercise_functions(assignment: Assignment) -> list[tuple[str, str, str, _Si
     """(answer cell, test id, name, signature) for every function or class an answer cell must define."""
     wanted = []
     for cell in nbformat.read(assignment.source, as_version=4).cells:
-        info = cell.metadata.get("nbgrader") or {}
-        if cell.cell_type != "code" or not info.get("solution"):
+        if cells.kind(cell) != cells.ANSWER:
             continue
         stub = SOLUTION_BLOCK.sub("raise NotImplementedError()\n", cell.source)
-        test = info["grade_id"].removesuffix("_answer")
         for name, node in _definitions(stub).items():
-            wanted.append((info["grade_id"], test, name, _signature_of_def(node)))
+            wanted.append((cells.grade_id(cell), cells.grade_id(cell).removesuffix("_answer"), name, _signature_of_def(node)))
     return wanted
 
 

@@ -39,12 +39,14 @@ def demo_cells(path: Path) -> list[tuple[int, int, str, str]]:
     """(cell number as JupyterLab's status bar counts it, 1-based; of how many; grade_id; first code line)."""
     import nbformat
 
+    from helpers import cells as kinds
+
     nb = nbformat.read(path, as_version=4)
     cells = []
     for i, cell in enumerate(nb.cells):
-        if cell.cell_type == "code" and "demo" in cell.metadata.get("tags", []):
+        if kinds.kind(cell) == kinds.DEMO:
             first = next((line for line in cell.source.splitlines() if line.strip() and not line.lstrip().startswith("#")), "")
-            cells.append((i + 1, len(nb.cells), cell.metadata.get("nbgrader", {}).get("grade_id", ""), first.strip()))
+            cells.append((i + 1, len(nb.cells), kinds.grade_id(cell), first.strip()))
     return cells
 
 

@@ -26,6 +26,7 @@ import nbformat
 from grader.grading import Graded
 from grader.harness import StepRun
 from grader.rebuild import ADDED
+from helpers import cells
 
 MAX_TEXT_CHARS = 20_000  # per output shown
 MAX_IMAGE_BYTES = 2 * 2**20
@@ -83,7 +84,7 @@ def _cells(notebook: nbformat.NotebookNode, graded: Graded, released: bool = Tru
         runs.setdefault(step.label, (index, run))
     shown = []
     for index, cell in enumerate(notebook.cells):
-        info = cell.metadata.get("nbgrader") or {}
+        cell_kind, grade_id = cells.kind(cell), cells.grade_id(cell)
         if cell.cell_type == "markdown":
             # The release's prose is the course's own; a student's added prose is shown as text.
             body = f"<pre>{_text(cell.source)}</pre>" if cell.metadata.get(ADDED) else str(mistune.html(cell.source))
@@ -91,8 +92,7 @@ def _cells(notebook: nbformat.NotebookNode, graded: Graded, released: bool = Tru
             continue
         if cell.cell_type != "code":
             continue
-        grade_id = info.get("grade_id")
-        if info.get("grade"):
+        if cell_kind == cells.TEST:
             v = graded.verdicts.get(grade_id)
             verdict = ("" if v is None else
                        f'<div class="verdict {"pass" if v.passed else "fail"}">{_points(v.points)} / {_points(v.max_points)} '
@@ -100,13 +100,14 @@ def _cells(notebook: nbformat.NotebookNode, graded: Graded, released: bool = Tru
             shown.append(f'<div class="cell"><div class="label">test {html.escape(grade_id)} (as released; hidden '
                          f'tests ran at grading)</div><pre>{_text(cell.source)}</pre>{verdict}</div>')
             continue
-        label = (f"your answer {grade_id}" if info.get("solution") else
-                 f"read-only cell {grade_id}" if info else f"your cell {index + 1}")
+        theirs = cell_kind in (cells.ANSWER, cells.ADDED)
+        label = (f"your answer {grade_id}" if cell_kind == cells.ANSWER else
+                 f"your cell {index + 1}" if cell_kind == cells.ADDED else f"read-only cell {grade_id}")
         index_run = runs.get(grade_id or f"cell {index + 1}")
         outputs = ""
-        if index_run is not None and index_run[0] < graded.first_test and (not info or info.get("solution")):
+        if index_run is not None and index_run[0] < graded.first_test and theirs:
             outputs = _outputs(index_run[1])
-        elif index_run is not None and index_run[1].error and (not info or info.get("solution")):
+        elif index_run is not None and index_run[1].error and theirs:
             outputs = f"<pre>this cell raised {html.escape(_builtin(index_run[1].error))}</pre>"
         shown.append(f'<div class="cell"><div class="label">{html.escape(label)}</div>'
                      f"<pre>{_text(cell.source)}</pre>{outputs}</div>")

@@ -28,10 +28,9 @@ from grader.harness import DIED, KILLED, NOT_RUN, OUTPUT_LIMIT, TIMEOUT, Kernel,
 from grader.judge import BadPayload, ScenarioRecord, Verdict, behaves_like, decode_payload, judge
 from grader.mutants import load_mutants, mutant_submission, pack_mutants, reference_submission
 from grader.scenarios import scenarios
+from helpers import cells
 
 REFERENCE_CACHE = REPO / "build" / "reference-records"
-# Read-only cells with these tags carry no points and define nothing a test needs: grading skips them.
-SKIPPED_TAGS = frozenset({"demo", "claim"})
 
 
 class GradingEnvironmentBroken(RuntimeError):
@@ -70,20 +69,18 @@ def plan(nb: nbformat.NotebookNode, assignment: Assignment, *, reference: bool =
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "code" or not cell.source.strip():
             continue
-        info = cell.metadata.get("nbgrader") or {}
-        grade_id = info.get("grade_id", "")
-        if info.get("grade"):
+        grade_id, cell_kind = cells.grade_id(cell), cells.kind(cell)
+        if cell_kind == cells.TEST:
             scenario = tests[grade_id]
             code = (harness.scenario_code(grade_id, scenario.reference_code, scenario.answers) if reference else
                     harness.scenario_code(grade_id, scenario.student_code, scenario.answers, scenario.inject,
                                           scenario.inject_names))
             steps.append(Step(grade_id, code, by_student=False, test=grade_id))
-        elif info.get("solution"):
+        elif cell_kind == cells.ANSWER:
             steps.append(Step(grade_id, cell.source, by_student=True))
-        elif info:
-            if not SKIPPED_TAGS & set(cell.metadata.get("tags", [])):
-                steps.append(Step(grade_id, cell.source, by_student=False))
-        else:
+        elif cell_kind == cells.SETUP:
+            steps.append(Step(grade_id, cell.source, by_student=False))
+        elif cell_kind == cells.ADDED:
             steps.append(Step(f"cell {index + 1}", cell.source, by_student=True))
     return steps
 

@@ -22,6 +22,7 @@ import nbformat
 
 from grader.course import Assignment, assignments
 from grader.markers import SOLUTION_MARKER
+from helpers import cells
 
 MUTANTS = Path(__file__).resolve().parent / "mutants"
 MIN_MUTANTS_PER_EXERCISE = 3
@@ -49,18 +50,10 @@ def load_mutants(assignment: Assignment) -> list[Mutant]:
                    source=e["source"]) for e in entries]
 
 
-def _grade_info(nb: nbformat.NotebookNode) -> dict[str, dict]:
-    return {c.metadata["nbgrader"]["grade_id"]: c.metadata["nbgrader"] for c in nb.cells if "nbgrader" in c.metadata}
-
-
 def reference_answers(assignment: Assignment) -> dict[str, str]:
     """Answer cell grade_id → the reference solution's source, without the BEGIN/END markers."""
     nb = nbformat.read(assignment.source, as_version=4)
-    return {
-        c.metadata.nbgrader["grade_id"]: SOLUTION_MARKER.sub("", c.source)
-        for c in nb.cells
-        if c.metadata.get("nbgrader", {}).get("solution")
-    }
+    return {cells.grade_id(c): SOLUTION_MARKER.sub("", c.source) for c in nb.cells if cells.kind(c) == cells.ANSWER}
 
 
 def reference_function(assignment_name: str, answer_cell: str, name: str, namespace: dict | None = None):
@@ -76,9 +69,8 @@ def build_submission(assignment: Assignment, answers: dict[str, str]) -> nbforma
     """The released notebook with the given answer cells filled in, as a student would hand it in."""
     nb = nbformat.read(assignment.release, as_version=4)
     for cell in nb.cells:
-        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
-        if grade_id in answers:
-            cell.source = answers[grade_id]
+        if cells.grade_id(cell) in answers:
+            cell.source = answers[cells.grade_id(cell)]
     return nb
 
 
@@ -116,9 +108,9 @@ def mutant_problems() -> list[str]:
     """Mutants that name unknown cells, and graded exercises with fewer than three mutants."""
     problems = []
     for assignment in assignments():
-        info = _grade_info(nbformat.read(assignment.source, as_version=4))
-        tests = {gid for gid, meta in info.items() if meta.get("grade")}
-        answers = {gid for gid, meta in info.items() if meta.get("solution")}
+        source = nbformat.read(assignment.source, as_version=4).cells
+        tests = {cells.grade_id(c) for c in source if cells.kind(c) == cells.TEST}
+        answers = {cells.grade_id(c) for c in source if cells.kind(c) == cells.ANSWER}
         mutants = load_mutants(assignment)
         names = [m.name for m in mutants]
         problems += [f"{assignment.name}: mutant name {n!r} is used twice" for n in set(names) if names.count(n) > 1]

@@ -6,14 +6,12 @@ import copy
 
 import nbformat
 
+from helpers import cells
+
 # Metadata key the rebuilt notebook puts on cells the student added (code or prose).
 ADDED = "tml_added_by_student"
 # Cells a student may add; beyond this the rest are left out (and the status says so).
 MAX_ADDED_CELLS = 500
-
-
-def _grade_ids(nb: nbformat.NotebookNode) -> list[str]:
-    return [c.metadata["nbgrader"]["grade_id"] for c in nb.cells if "nbgrader" in c.metadata]
 
 
 def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -> tuple[nbformat.NotebookNode, list[str]]:
@@ -24,15 +22,15 @@ def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -
     (no nbgrader metadata) are kept in their place.
     """
     notes: list[str] = []
-    known = set(_grade_ids(released))
+    known = {cells.grade_id(c) for c in released.cells if cells.nbgrader(c)}
     answers: dict[str, nbformat.NotebookNode] = {}
     extras: dict[str | None, list[nbformat.NotebookNode]] = {}
     released_ids = {c.get("id") for c in released.cells}
     anchor: str | None = None
     added = 0
     for cell in submitted.cells:
-        info = cell.get("metadata", {}).get("nbgrader")
-        if not isinstance(info, dict) or not info:
+        info = cells.nbgrader(cell)
+        if not info:
             # The student's own cells: code they added, and prose cells the release does not have.
             if cell.cell_type == "code" or cell.get("id") not in released_ids:
                 added += 1
@@ -51,10 +49,10 @@ def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -
             answers[grade_id] = cell
             anchor = grade_id
     rebuilt = copy.deepcopy(released)
-    cells = list(extras.get(None, []))
+    kept = list(extras.get(None, []))
     for cell in rebuilt.cells:
-        cells.append(cell)
-        info = cell.metadata.get("nbgrader")
+        kept.append(cell)
+        info = cells.nbgrader(cell)
         if not info:
             continue
         grade_id = info["grade_id"]
@@ -66,11 +64,11 @@ def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -
         else:
             if theirs.source != cell.source:
                 notes.append(f"edited locked cell {grade_id} restored")
-            their_info = theirs.metadata.get("nbgrader", {})
+            their_info = cells.nbgrader(theirs)
             if any(their_info.get(k) != info.get(k) for k in ("grade", "solution", "locked", "points")):
                 notes.append(f"changed metadata of {grade_id} restored")
-        cells.extend(extras.get(grade_id, []))
-    rebuilt.cells = cells
+        kept.extend(extras.get(grade_id, []))
+    rebuilt.cells = kept
     status = [f"tampered: {n}" for n in notes]
     if added > MAX_ADDED_CELLS:
         status.append(f"too many cells: only the first {MAX_ADDED_CELLS} of the {added} cells you added were run")

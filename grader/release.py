@@ -12,6 +12,7 @@ import nbformat
 from grader.bootstrap import add_header
 from grader.course import NOTEBOOKS, REPO, SOLUTIONS, Assignment, assignments, load_config, nbgrader_api
 from grader.markers import HIDDEN_BLOCK, SOLUTION_BLOCK
+from helpers import cells
 
 
 def normalize(path: Path) -> None:
@@ -135,14 +136,13 @@ def metadata_problems(sources: list[Path] | None = None) -> list[str]:
     for source in sources or [a.source for a in assignments()]:
         name = _shown(source)
         nb = nbformat.read(source, as_version=4)
-        test_ids.update(c.metadata.nbgrader["grade_id"] for c in nb.cells
-                        if c.metadata.get("nbgrader", {}).get("grade"))
-        ids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells]
+        test_ids.update(cells.grade_id(c) for c in nb.cells if cells.kind(c) == cells.TEST)
+        ids = [cells.grade_id(c) for c in nb.cells]
         for grade_id, count in Counter(i for i in ids if i).items():
             if count > 1:
                 problems.append(f"{name}: grade_id {grade_id!r} is used {count} times")
         for index, cell in enumerate(nb.cells):
-            info = cell.metadata.get("nbgrader")
+            info = cells.nbgrader(cell)
             where = f"{name} cell {index}"
             if cell.cell_type != "code":
                 continue

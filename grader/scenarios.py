@@ -28,6 +28,7 @@ import nbformat
 from grader.course import Assignment
 from grader.mutants import reference_answers
 from grader.markers import HIDDEN_BLOCK, SOLUTION_BLOCK
+from helpers import cells
 
 
 @dataclass(frozen=True)
@@ -105,15 +106,14 @@ def scenarios(assignment: Assignment) -> tuple[Scenario, ...]:
     """Every test cell of `assignment`, in notebook order, as a Scenario (read from solutions/)."""
     answers = reference_answers(assignment)
     providers = {name: source for source in answers.values() for name in _defines(source)}
-    cells = nbformat.read(assignment.source, as_version=4).cells
-    stubs = [SOLUTION_BLOCK.sub("raise NotImplementedError()\n", c.source) for c in cells
-             if c.cell_type == "code" and (c.metadata.get("nbgrader") or {}).get("solution")]
+    source = nbformat.read(assignment.source, as_version=4).cells
+    stubs = [SOLUTION_BLOCK.sub("raise NotImplementedError()\n", c.source) for c in source if cells.kind(c) == cells.ANSWER]
     exposed = tuple(sorted({name for stub in stubs for name in _defines(stub)}))
     found = []
-    for cell in cells:
-        info = cell.metadata.get("nbgrader", {})
-        if cell.cell_type != "code" or not info.get("grade"):
+    for cell in source:
+        if cells.kind(cell) != cells.TEST:
             continue
+        info = cells.nbgrader(cell)
         blocks = HIDDEN_BLOCK.findall(cell.source + "\n")
         student, reference, needs = split("\n".join(blocks))
         missing = [n for n in needs if n not in providers]

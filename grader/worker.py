@@ -32,6 +32,7 @@ from grader.grading import (canary, grade_notebook, known_mistakes, plain_kernel
 from grader.mutants import load_mutants
 from grader.scenarios import scenarios
 from grader.submissions import MAX_NOTEBOOK_BYTES
+from helpers import cells
 
 
 @dataclass
@@ -154,10 +155,8 @@ def grade(spec: Spec) -> Result:
 
 def _answered(rebuilt: nbformat.NotebookNode, released: nbformat.NotebookNode) -> list[str]:
     """Answer cells whose source differs from the released stub (what tells a blank hand-in from a tried one)."""
-    stubs = {c.metadata["nbgrader"]["grade_id"]: c.source.strip() for c in released.cells
-             if (c.metadata.get("nbgrader") or {}).get("solution")}
-    return [gid for c in rebuilt.cells if (gid := (c.metadata.get("nbgrader") or {}).get("grade_id")) in stubs
-            and c.source.strip() != stubs[gid]]
+    stubs = {cells.grade_id(c): c.source.strip() for c in released.cells if cells.kind(c) == cells.ANSWER}
+    return [gid for c in rebuilt.cells if (gid := cells.grade_id(c)) in stubs and c.source.strip() != stubs[gid]]
 
 
 def grade_to_file(spec_path: Path) -> None:

@@ -10,25 +10,25 @@ import sys
 from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
+from helpers import cells
+from helpers.runner import NotebookRunner
 
 NOT_ANSWERED = "not answered yet"
-SKIPPED_TAGS = {"demo", "claim"}  # grading skips these cells too
 
 
 def validate_notebook(path: str | Path, timeout: int = 120) -> dict[str, str]:
     """Execute a notebook (demo and claim cells skipped); returns test grade_id → "" when it passed, else the error (notebook 00)."""
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
-    nb.cells = [c for c in nb.cells if not SKIPPED_TAGS & set(c.metadata.get("tags", []))]
-    client = NotebookClient(nb, timeout=timeout, allow_errors=True, kernel_name="python3",
+    nb.cells = [c for c in nb.cells if cells.kind(c) not in cells.SKIPPED]  # as grading skips them
+    client = NotebookRunner(nb, timeout=timeout, allow_errors=True, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
     client.execute()
     results = {}
     for cell in nb.cells:
-        info = cell.metadata.get("nbgrader", {})
-        if cell.cell_type != "code" or not info.get("grade"):
+        if cells.kind(cell) != cells.TEST:
             continue
+        info = cells.nbgrader(cell)
         errors = [o for o in cell.outputs if o.output_type == "error"]
         if not errors:
             results[info["grade_id"]] = ""

@@ -104,13 +104,13 @@ def kernel_env(setting: str) -> dict[str, str]:
 def execute_one(path: Path, setting: str, out: Path) -> dict:
     """Child process: run one notebook with nbclient; write the executed copy to `out`; return the result."""
     import nbformat
-    from nbclient import NotebookClient
+    from helpers.runner import NotebookRunner
 
     nb = nbformat.read(path, as_version=4)
     began = time.perf_counter()
     crashed = ""
     try:
-        NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", allow_errors=True,
+        NotebookRunner(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", allow_errors=True,
                        resources={"metadata": {"path": str(path.parent)}}).execute(env=kernel_env(setting))
     except Exception as exc:  # the kernel died, a cell timed out: say which and keep what ran
         crashed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
+from helpers.runner import NotebookRunner
 
 
 REPO = Path(__file__).resolve().parent.parent
@@ -73,7 +73,7 @@ def executed(path: Path) -> tuple[float, nbformat.NotebookNode]:
     """A notebook run top to bottom with nbclient, once per test session: (seconds, the executed notebook)."""
     nb = nbformat.read(path, as_version=4)
     start, started_at = time.perf_counter(), time.time()
-    NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
+    NotebookRunner(nb, timeout=300, kernel_name="python3", allow_errors=True,
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     seconds = time.perf_counter() - start
     _save_cell_timings(f"{path.parent.parent.name}-{path.stem}", nb, started_at, seconds)

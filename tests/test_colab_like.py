@@ -30,7 +30,7 @@ import nbformat
 import pytest
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
-from nbclient import NotebookClient
+from helpers.runner import NotebookRunner
 
 import colab_like
 from conftest import REPO
@@ -71,7 +71,7 @@ class ColabLike:
         km = KernelManager(kernel_name="colab-like", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(self.specs)]))
         began = time.perf_counter()
         try:
-            NotebookClient(nb, km=km, timeout=600, allow_errors=True,
+            NotebookRunner(nb, km=km, timeout=600, allow_errors=True,
                            resources={"metadata": {"path": str(folder)}}).execute(env=self.env())
         finally:
             if km.has_kernel:  # nbclient leaves a kernel manager it was handed running

@@ -16,7 +16,8 @@ def grade_cell(source, grade_id, tags=()):
 
 def test_validate_notebook_runs_tests_and_skips_demo_and_claim_cells(tmp_path):
     demo, claim = new_code_cell("raise RuntimeError('a demo')"), new_code_cell("passes = False")
-    demo.metadata["tags"], claim.metadata["tags"] = ["demo"], ["claim"]
+    for cell, tag in ((demo, "demo"), (claim, "claim")):  # read-only cells, as the course's demos and claims are
+        cell.metadata.update(tags=[tag], nbgrader={"grade": False, "solution": False, "locked": True, "grade_id": tag})
     nb = new_notebook(cells=[
         new_code_cell("passes = True"), demo, claim,
         grade_cell("assert passes", "good"),

@@ -8,6 +8,7 @@ wake-up costs a fraction of a second.
 
 from __future__ import annotations
 
+import inspect
 import time
 from queue import Empty
 from typing import Any
@@ -23,7 +24,8 @@ def _sliced(get_msg: Any) -> Any:
         while True:
             left = SLICE_S if deadline is None else max(0.0, min(SLICE_S, deadline - time.monotonic()))
             try:
-                return await get_msg(timeout=left)
+                reply = get_msg(timeout=left)  # a blocking client answers at once; an async one is awaited
+                return await reply if inspect.isawaitable(reply) else reply
             except Empty:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise

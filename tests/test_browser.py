@@ -41,10 +41,19 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from browser_lab import (CHROMIUM, CHROMIUM_ARGS, VIEWPORT, CellRun, LabPage, LabServer, descendants,
-                         process_table, processes_left, student_experience_problems, svg_clipping)
-from conftest import REPO, execute_solution
+from browser_lab import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    VIEWPORT,
+    CellRun,
+    LabPage,
+    LabServer,
+    descendants,
+    processes_left,
+    student_experience_problems,
+    svg_clipping,
+)
+from conftest import REPO, execute_solution, executed
 
 pytestmark = pytest.mark.slow
 
@@ -133,9 +142,9 @@ def test_solution_notebook_in_the_browser(lab, path):
     # `./course test`, so both see the same machine load. TML_BROWSER_NBCLIENT=0 skips it (no ratio).
     nbclient_s = None
     if os.environ.get("TML_BROWSER_NBCLIENT", "1") != "0":
-        hits = execute_solution.cache_info().hits
+        hits = executed.cache_info().hits
         nbclient_s = execute_solution(path)[0]
-        nbclient_when = "earlier in the session" if execute_solution.cache_info().hits > hits else "just before"
+        nbclient_when = "earlier in the session" if executed.cache_info().hits > hits else "just before"
 
     open_s = page.open_notebook(rel)
     try:

@@ -34,3 +34,16 @@ def test_the_whole_timeout_still_ends_in_empty(monkeypatch):
     with pytest.raises(Empty):
         asyncio.run(runner._sliced(never)(timeout=0.05))
     assert time.monotonic() - began < 1
+
+
+def test_a_blocking_client_is_polled_the_same_way(monkeypatch):
+    monkeypatch.setattr(runner, "SLICE_S", 0.01)
+    replies = iter([Empty, Empty, {"msg_type": "kernel_info_reply"}])
+
+    def get_msg(timeout=None):  # what a BlockingKernelClient's channel does
+        reply = next(replies)
+        if reply is Empty:
+            raise Empty
+        return reply
+
+    assert asyncio.run(runner._sliced(get_msg)(timeout=5)) == {"msg_type": "kernel_info_reply"}

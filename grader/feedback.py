@@ -23,6 +23,7 @@ from pathlib import Path
 import mistune
 import nbformat
 
+from grader import bootstrap
 from grader.grading import Graded
 from grader.harness import StepRun
 from grader.rebuild import ADDED
@@ -34,6 +35,7 @@ MAX_PAGE_CHARS = 8 * 2**20
 MODES = ("after-release", "at-once")
 HELD_BACK = "what the hidden tests found is shown after the release"
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+REMOTE_IMAGE = re.compile(r"<img\b(?![^>]*\bsrc=\"data:)[^>]*>", re.I)
 STYLE = """
 body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;color:#111}
 table{border-collapse:collapse}td,th{border:1px solid #bbb;padding:.3rem .6rem;text-align:left;vertical-align:top}
@@ -87,10 +89,12 @@ def _cells(notebook: nbformat.NotebookNode, graded: Graded, released: bool = Tru
         cell_kind, grade_id = cells.kind(cell), cells.grade_id(cell)
         if cell.cell_type == "markdown":
             # The release's prose is the course's own; a student's added prose is shown as text.
-            body = f"<pre>{_text(cell.source)}</pre>" if cell.metadata.get(ADDED) else str(mistune.html(cell.source))
+            if cell.get("id") == bootstrap.MARKDOWN_ID:
+                continue  # the "Open in Colab" header: nothing to do with the grade
+            body = f"<pre>{_text(cell.source)}</pre>" if cell.metadata.get(ADDED) else _prose(cell.source)
             shown.append(f'<div class="cell">{body}</div>')
             continue
-        if cell.cell_type != "code":
+        if cell.cell_type != "code" or cell_kind == cells.BOOTSTRAP:
             continue
         if cell_kind == cells.TEST:
             v = graded.verdicts.get(grade_id)
@@ -112,6 +116,11 @@ def _cells(notebook: nbformat.NotebookNode, graded: Graded, released: bool = Tru
         shown.append(f'<div class="cell"><div class="label">{html.escape(label)}</div>'
                      f"<pre>{_text(cell.source)}</pre>{outputs}</div>")
     return shown
+
+
+def _prose(markdown: str) -> str:
+    """The release's own markdown as HTML, without images from elsewhere (the page fetches nothing)."""
+    return REMOTE_IMAGE.sub("", str(mistune.html(markdown)))
 
 
 def _builtin(name: str) -> str:

@@ -21,6 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import nbformat
+
 from helpers.runner import NotebookRunner
 
 REPO = Path(__file__).resolve().parent.parent
@@ -114,7 +115,8 @@ def main() -> int:
     print(f"machine: {os.cpu_count()} cores, python {sys.version.split()[0]}")
 
     if not args.skip_notebooks:
-        print(f"\n{'notebook':<28} {'run s':>7} {'slowest demo/claim s':>21} {'slowest cell s':>15} {'peak MiB':>9} {'errors':>7}")
+        print(f"\n{'notebook':<28} {'run s':>7} {'slowest demo/claim s':>21} "
+              f"{'slowest cell s':>15} {'peak MiB':>9} {'errors':>7}")
         for path in sorted((REPO / "solutions").glob("*/*.ipynb")):
             r = run_notebook(path)
             print(f"{path.stem:<28} {r['seconds']:>7.1f} {r['slowest_demo_cell']:>21.2f} {r['slowest_cell']:>15.2f} "

@@ -18,12 +18,11 @@ import ast
 import importlib
 import inspect
 import pkgutil
-import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from collections.abc import Callable
-
 import nbformat
+import tomllib
 
 import helpers
 from grader.course import Assignment
@@ -116,7 +115,7 @@ def _with_dependencies(name: str, visible: dict) -> list[str]:
 
 def _helper_objects() -> dict[str, tuple[str, object]]:
     """qualified name → (module, object) for every public function and class defined in `helpers`."""
-    found = {}
+    found: dict[str, tuple[str, object]] = {}
     for info in pkgutil.iter_modules(helpers.__path__, "helpers."):
         module = importlib.import_module(info.name)
         for name, obj in vars(module).items():

@@ -32,11 +32,12 @@ from __future__ import annotations
 
 import difflib
 import math
-import tomllib
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import tomllib
 
 FEEDBACK_MODES = ("after-release", "at-once")
 DEFAULT_FEEDBACK = "after-release"
@@ -188,11 +189,11 @@ def parse_config(text: str, assignments: list[str], source: str = "") -> Config:
         if assignment and assignment not in assignments:
             raise ConfigError(f"{where}: assignment {assignment!r}: no such assignment")
         if ("due" in entry) == ("days" in entry):
-            raise ConfigError(f"{where}: give either due = \"<date>\" or days = <number>, not {'both' if 'due' in entry else 'neither'}")
-        if "days" in entry:
-            if assignment and assignment not in due or not due:
-                raise ConfigError(f"{where}: days = {entry['days']!r} extends a due date, but "
-                                  + (f"{assignment} has none in [due]" if assignment else "[due] lists none"))
+            raise ConfigError(f"{where}: give either due = \"<date>\" or days = <number>, "
+                              f"not {'both' if 'due' in entry else 'neither'}")
+        if "days" in entry and (assignment and assignment not in due or not due):
+            raise ConfigError(f"{where}: days = {entry['days']!r} extends a due date, but "
+                              + (f"{assignment} has none in [due]" if assignment else "[due] lists none"))
         extensions.append(Extension(
             student, assignment,
             due=_date(entry["due"], tz, f"{where} due") if "due" in entry else None,

@@ -179,7 +179,8 @@ def _records_key(assignment: Assignment) -> str:
     import torch
 
     digest = hashlib.sha256(assignment.source.read_bytes())
-    extra = [REPO / "grader" / "probe.py", REPO / "grader" / "scenarios.py", REPO / "grader" / "mutants" / f"{assignment.name}.toml"]
+    extra = [REPO / "grader" / "probe.py", REPO / "grader" / "scenarios.py",
+             REPO / "grader" / "mutants" / f"{assignment.name}.toml"]
     for path in sorted((REPO / "helpers").glob("*.py")) + [p for p in extra if p.exists()]:
         digest.update(path.name.encode() + path.read_bytes())
     digest.update(f"{torch.__version__} {sys.version}".encode())
@@ -219,7 +220,8 @@ def _run_reference(assignment: Assignment, new_kernel: Callable[[], Kernel], tim
     return payloads
 
 
-def known_mistakes(assignment: Assignment, new_kernel: Callable[[], Kernel], timeout: float) -> dict[str, dict[str, ScenarioRecord]]:
+def known_mistakes(assignment: Assignment, new_kernel: Callable[[], Kernel],
+                   timeout: float) -> dict[str, dict[str, ScenarioRecord]]:
     """test → mutant name → what that mutant's scenario recorded (cached like the reference records).
 
     The mutants are the course's own code, run the student's way in a trusted kernel, once per version.

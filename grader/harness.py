@@ -153,7 +153,7 @@ def _as_output(kind: str, content: dict) -> dict:
     if kind == "error":
         return {"output_type": "error", "ename": str(content.get("ename", "")), "evalue": str(content.get("evalue", "")),
                 "traceback": [str(line) for line in content.get("traceback", [])]}
-    output = {"output_type": kind, "data": dict(content.get("data", {})), "metadata": {}}
+    output: dict[str, object] = {"output_type": kind, "data": dict(content.get("data", {})), "metadata": {}}
     if kind == "execute_result":
         output["execution_count"] = None
     return output
@@ -222,7 +222,7 @@ def _fresh(new_kernel: Callable[[], Kernel], replay: list[Step], timeout: float,
         restarts += 1
     try:
         kernel = new_kernel()
-    except Exception:  # noqa: BLE001 — a kernel that cannot start leaves the later steps NOT_RUN
+    except Exception:
         return None, restarts
     for step in replay:
         run = kernel.run(step.code, timeout)

@@ -139,7 +139,7 @@ def _decode_tensor(node: dict) -> torch.Tensor:
     shape = node.get("shape")
     data = node.get("data")
     _expect(dtype is not None, "tensor of an unknown dtype")
-    _expect(isinstance(shape, list) and len(shape) <= 8 and all(isinstance(s, int) and 0 <= s for s in shape),
+    _expect(isinstance(shape, list) and len(shape) <= 8 and all(isinstance(s, int) and s >= 0 for s in shape),
             "malformed tensor shape")
     _expect(isinstance(data, str), "malformed tensor data")
     assert dtype is not None and isinstance(shape, list) and isinstance(data, str)
@@ -292,7 +292,7 @@ def judge(test: str, max_points: float, reference: ScenarioRecord, student: Scen
     `failure` names what stopped the scenario in the student's kernel (timeout, dead kernel, no result);
     the reference's observations, oracle values and specs are the only source of what is right.
     """
-    got = {}
+    got: dict[str, object] = {}
     if student is not None:
         for item in student.observed:
             got.setdefault(item.name, item.value)

@@ -88,7 +88,8 @@ def stale_problems() -> list[str]:
 
 def secret_lines(source_nb: nbformat.NotebookNode, *, solutions: bool = True, hidden_tests: bool = True) -> set[str]:
     """Lines of solutions and/or hidden tests that occur nowhere else in the source notebook."""
-    secret, public = set(), set()
+    secret: set[str] = set()
+    public: set[str] = set()
     for cell in source_nb.cells:
         text = cell.source + "\n"
         blocks = (SOLUTION_BLOCK.findall(text) if solutions else []) + (HIDDEN_BLOCK.findall(text) if hidden_tests else [])

@@ -27,6 +27,7 @@ import json
 import math
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import cast
 
 DISCRIMINATION = ("item–rest correlation: Pearson's r between the exercise's points and the rest of the hand-in's "
                   "points (raw total less this exercise) over graded hand-ins — the point-biserial correlation for an "
@@ -65,7 +66,8 @@ LOOK_AT = {"tampered", "interference", "timeout", "kernel died", "limit hit", "g
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 STYLE = """
 body{font-family:system-ui,sans-serif;max-width:72rem;margin:2rem auto;padding:0 1rem;color:#111}
-table{border-collapse:collapse;margin:.5rem 0 1rem}td,th{border:1px solid #bbb;padding:.25rem .55rem;text-align:left;vertical-align:top}
+table{border-collapse:collapse;margin:.5rem 0 1rem}\
+td,th{border:1px solid #bbb;padding:.25rem .55rem;text-align:left;vertical-align:top}
 td.n{text-align:right;font-variant-numeric:tabular-nums}.muted{color:#555;font-size:.9rem}img{max-width:100%}
 details{margin:.2rem 0}summary{cursor:pointer}
 """
@@ -141,7 +143,7 @@ def analyse(results: list[dict]) -> dict:
     assignments = {}
     for name in sorted(by_assignment):
         rows = graded_rows.get(name, [])
-        maxima = next((r["max_scores"] for r in by_assignment[name] if r.get("max_scores")), {})
+        maxima: dict[str, float] = next((r["max_scores"] for r in by_assignment[name] if r.get("max_scores")), {})
         assignments[name] = _assignment(rows, maxima, len(by_assignment[name]), _whys(name) if maxima else {})
     return {
         "rows": len(results),
@@ -228,6 +230,7 @@ def _figures(name: str, data: dict) -> tuple[str, str]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.container import BarContainer
 
     with plt.rc_context({"font.size": 11, "axes.spines.top": False, "axes.spines.right": False}):
         fig, ax = plt.subplots(figsize=(6.4, 3.2))
@@ -235,7 +238,8 @@ def _figures(name: str, data: dict) -> tuple[str, str]:
         totals = [t for t, c in data["totals"] for _ in range(c)]
         edges = [i for i in range(0, math.floor(top) + 2)]
         counts, _, bars = ax.hist(totals, bins=edges, color="#4c72b0", edgecolor="white", align="left")
-        ax.bar_label(bars, labels=[str(int(c)) if c else "" for c in counts], fontsize=9)
+        # hist of one data set with the default histtype draws one BarContainer (the stub allows every case)
+        ax.bar_label(cast(BarContainer, bars), labels=[str(int(c)) if c else "" for c in counts], fontsize=9)
         ax.set_xticks(edges[:-1])
         ax.set_xlabel(f"total points (of {top:g}, after any late penalty; bin k holds k ≤ total < k+1)")
         ax.set_ylabel("hand-ins")
@@ -320,7 +324,8 @@ def render(data: dict) -> str:
                         f"<td class=n>{x['full']}</td><td class=n>{x['partial']}</td><td class=n>{x['zero']}</td>"
                         f"<td class=n>{disc}</td><td><ul>{why}</ul></td></tr>")
         parts.append("<table><tr><th>exercise</th><th>points</th><th>mean</th><th>full</th><th>partial</th><th>zero</th>"
-                     "<th>discrimination</th><th>why the others failed (hand-ins, share of graded hand-ins)</th></tr>" + "".join(rows) + "</table>"
+                     "<th>discrimination</th><th>why the others failed (hand-ins, share of graded hand-ins)</th></tr>"
+                     + "".join(rows) + "</table>"
                      f"<p class=muted>Discrimination: {_e(data['discrimination'])}.</p>")
         late = a["lateness"]
         if late["with_due_date"]:

@@ -77,7 +77,8 @@ def mismatches(rows: dict[tuple[str, str], Row], expected: dict[tuple[str, str],
         scores, status, messages, mistakes = rows[key]
         for exercise, name in want.mistakes.items():
             if mistakes.get(exercise) != name:
-                problems.append(f"{key[0]}/{key[1]}: {exercise} was recognised as {mistakes.get(exercise) or 'no known mistake'}, "
+                problems.append(f"{key[0]}/{key[1]}: {exercise} was recognised as "
+                                f"{mistakes.get(exercise) or 'no known mistake'}, "
                                 f"not {name} (two mutants that behave alike on every probe are one mistake)")
         for exercise, fragment in want.says.items():
             if fragment not in messages.get(exercise, ""):

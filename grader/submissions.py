@@ -126,7 +126,8 @@ def _place(part: tuple[str, ...], known: list[Assignment]) -> tuple[str, str, st
 
 def _entries(folder: Path) -> tuple[list[tuple[Path, os.stat_result]], list[str]]:
     """Regular files and what else was found under `folder`, never following a link; bounded."""
-    files, odd = [], []
+    files: list[tuple[Path, os.stat_result]] = []
+    odd: list[str] = []
     stack = [folder]
     seen = 0
     while stack:
@@ -173,7 +174,8 @@ def _hand_in(student: str, assignment: Assignment, folder: Path) -> Submission:
         return sub
     path, info = chosen[0]
     if info.st_size > MAX_NOTEBOOK_BYTES:
-        sub.problem = f"notebook too large: {printable(path.name)} is {info.st_size / 2**20:.0f} MB (limit {MAX_NOTEBOOK_BYTES // 2**20} MB)"
+        sub.problem = (f"notebook too large: {printable(path.name)} is {info.st_size / 2**20:.0f} MB "
+                       f"(limit {MAX_NOTEBOOK_BYTES // 2**20} MB)")
         return sub
     sub.notebook = path
     if path.name != assignment.notebook:
@@ -215,7 +217,8 @@ def collect(root: Path, known: list[Assignment], only: str | None = None) -> lis
             if only and folder.name != only:
                 continue
             if folder.is_symlink():
-                found[(student, folder.name)] = Submission(student, folder.name, problem="refused: the assignment folder is a link")
+                found[(student, folder.name)] = Submission(student, folder.name,
+                                                           problem="refused: the assignment folder is a link")
             elif not folder.is_dir(follow_symlinks=False):
                 continue
             elif folder.name not in by_name:

@@ -1,4 +1,5 @@
-"""The kinds of cell in a course notebook, named once — answer, test, set-up, demo, claim, bootstrap, the student's own (notebook 00).
+"""The kinds of cell in a course notebook, named once — answer, test, set-up, demo, claim, bootstrap,
+the student's own (notebook 00).
 
 A code cell's kind comes from its nbgrader metadata and its tags:
 

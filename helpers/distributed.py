@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import inspect
 import io
-import re
 import os
+import re
 import select
 import shutil
 import signal
@@ -37,7 +37,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from helpers.rank_server import ForkRefused, RankServer
 
@@ -187,7 +187,27 @@ def _signal_groups(pids: list[int], signum: int) -> None:
             pass
 
 
-def _stop_launch(processes: list[subprocess.Popen[bytes]], grace: float = 5.0) -> None:
+class _Output(Protocol):
+    def fileno(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class _Process(Protocol):
+    """What a launch uses of a process: a subprocess.Popen, a rank server's child or a _ForkedRank."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def stdout(self) -> _Output | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+def _stop_launch(processes: Sequence[_Process], grace: float = 5.0) -> None:
     """Ask every launched process to stop (SIGTERM; torchrun passes it on to its ranks), then kill what is left."""
     tree = [pid for p in processes for pid in (p.pid, *_descendants(p.pid))]
     _signal_groups(tree, signal.SIGTERM)
@@ -201,7 +221,8 @@ def _stop_launch(processes: list[subprocess.Popen[bytes]], grace: float = 5.0) -
 
 
 def rank_environment(rank: int, nproc: int, master_port: int, master_addr: str = "127.0.0.1") -> dict[str, str]:
-    """The variables torchrun --standalone gives rank `rank` of `nproc` on one node, minus its agent's TORCHELASTIC_* ones (notebook 07)."""
+    """The variables torchrun --standalone gives rank `rank` of `nproc` on one node,
+    minus its agent's TORCHELASTIC_* ones (notebook 07)."""
     return {"RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
             "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "ROLE_WORLD_SIZE": str(nproc),
             "GROUP_WORLD_SIZE": "1", "ROLE_NAME": "default", "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
@@ -216,7 +237,7 @@ def _child_env(threads_per_process: int, env: Mapping[str, str] | None) -> dict[
     return full
 
 
-def _stream(processes: list[subprocess.Popen[bytes]], label: Callable[[int, str], str], timeout: float,
+def _stream(processes: Sequence[_Process], label: Callable[[int, str], str], timeout: float,
             echo: bool, stop_on_failure: bool) -> tuple[str, bool, list[int]]:
     """Collect the processes' output line by line, each line passed through `label(index, line)`.
 
@@ -427,7 +448,7 @@ def run_ranks(
     backend = backend or choose_backend(nproc)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
-    options = dict(timeout=timeout, env=env, echo=echo, check=check, threads_per_process=threads_per_process)
+    options: dict[str, Any] = dict(timeout=timeout, env=env, echo=echo, check=check, threads_per_process=threads_per_process)
     launch: Callable[[str], LaunchResult]
     if callable(target):
         launch = lambda chosen: _run_function(target, nproc, tuple(args), dict(kwargs or {}), chosen, init,  # noqa: E731
@@ -537,8 +558,8 @@ def _preload() -> None:
         saved = os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")
         os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
         try:
-            import torch._dynamo  # noqa: F401
-            import torch.distributed  # noqa: F401
+            import torch._dynamo
+            import torch.distributed
             import torch.nn.parallel  # noqa: F401
         finally:
             if saved is None:
@@ -583,7 +604,7 @@ def _run_function(fn: Callable[..., Any], nproc: int, args: tuple, kwargs: dict,
     finally:
         for rank_process in ranks:
             if rank_process.poll() is None:
-                _stop_launch(ranks, grace=1.0)  # type: ignore[arg-type]
+                _stop_launch(ranks, grace=1.0)
                 break
         for rank_process in ranks:
             rank_process.stdout.close()
@@ -624,7 +645,7 @@ def _read_record(path: Path) -> dict | None:
 
     try:
         return torch.load(path, weights_only=False)
-    except Exception:  # noqa: BLE001 — a rank that died before writing its record
+    except Exception:
         return None
 
 
@@ -682,7 +703,6 @@ def _become_forked_rank(fn: Callable[..., Any], args: tuple, kwargs: dict, backe
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True, write_through=True)
         os.environ.update(env)
         import torch
-        import torch.distributed as dist
 
         torch.set_num_threads(threads)
         if backend:
@@ -690,7 +710,7 @@ def _become_forked_rank(fn: Callable[..., Any], args: tuple, kwargs: dict, backe
         value = fn(*args, **kwargs)
         record, code = {"value": value}, 0
         _leave_together(timeout)
-    except BaseException as exc:  # noqa: BLE001 — reported to the launcher by type and message
+    except BaseException as exc:
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
             tb = tb.tb_next  # the launcher's own frames are not the rank's code
@@ -707,7 +727,7 @@ def _become_forked_rank(fn: Callable[..., Any], args: tuple, kwargs: dict, backe
             import torch
 
             torch.save(record, record_path)
-        except Exception:  # noqa: BLE001 — e.g. a value that cannot be pickled
+        except Exception:
             traceback.print_exc()
             code = code or 1
         try:

@@ -7,6 +7,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from html import escape
+from typing import cast
 
 import torch
 
@@ -226,7 +227,7 @@ def _layout(graph: _Graph) -> tuple[list[tuple[list[tuple[float, float]], bool]]
     for n in graph.nodes.values():
         n.x += _PAD - left
     width = max(n.x + n.width / 2 for n in graph.nodes.values()) + _PAD
-    y = _PAD
+    y: float = _PAD
     for layer in range(top, -1, -1):  # the top row holds the leaves
         row = rows[layer]
         height = max(graph.nodes[k].height for k in row)
@@ -252,7 +253,8 @@ class SimpleGraphDrawing:
 
     def __init__(self, output: torch.Tensor | Sequence[torch.Tensor], params: Mapping[str, torch.Tensor] | None = None,
                  *, show_saved: bool = False, size: str = "9,9", reason: str = "graphviz is not installed"):
-        outputs = list(output) if isinstance(output, (tuple, list)) else [output]
+        # anything but a tuple or list is the one output tensor, as the signature means
+        outputs: list[torch.Tensor] = list(output) if isinstance(output, (tuple, list)) else [cast(torch.Tensor, output)]
         params = dict(params or {})
         self.reason = reason
         self.note = f"Simple drawing: {reason}. For torchviz's full drawing, " + INSTALL_GRAPHVIZ
@@ -264,7 +266,7 @@ class SimpleGraphDrawing:
         """The text tree (graphviz.Digraph.source is its dot text: both name every node)."""
         return self.text
 
-    def pipe(self, format: str = "svg") -> bytes:  # noqa: A002 — graphviz's own keyword name
+    def pipe(self, format: str = "svg") -> bytes:
         """The drawing as bytes, like graphviz.Digraph.pipe; only SVG exists without graphviz."""
         if format != "svg":
             raise GraphvizMissingError(f"only SVG is available without graphviz ({self.reason}): " + INSTALL_GRAPHVIZ)
@@ -331,8 +333,8 @@ def _svg(graph: _Graph, size: str, note: str) -> str:
     width = max(graph_width, max(len(line) for line in note_lines) * 0.6 * note_font + 2 * _PAD)
     note_top = height + 6
     total_height = note_top + len(note_lines) * (note_font + 4) + _PAD
-    parts = [f'<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="8" markerHeight="8" '
-             f'orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" fill="black"/></marker></defs>',
+    parts = ['<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="8" markerHeight="8" '
+             'orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" fill="black"/></marker></defs>',
              f'<rect x="0" y="0" width="{width:.1f}" height="{total_height:.1f}" fill="white"/>']
     # Centre the graph horizontally when the note is wider.
     shift = (width - max((n.x + n.width / 2 for n in graph.nodes.values()), default=0) - _PAD) / 2

@@ -5,11 +5,15 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import matplotlib.pyplot as plt
 import torch
 
-LECTURE_STYLE: dict[str, object] = {
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
+
+LECTURE_STYLE: dict[RcKeyType, object] = {
     "figure.figsize": (10, 5.5),
     "figure.dpi": 90,
     "font.size": 15,

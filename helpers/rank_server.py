@@ -12,6 +12,7 @@ it ever have, it refuses to fork (`ForkRefused`) and the launcher starts fresh i
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import runpy
@@ -22,7 +23,7 @@ import sys
 import time
 import traceback
 from collections.abc import Mapping, Sequence
-from typing import IO
+from typing import IO, cast
 
 # What the ranks of the course's scripts import; DDP pulls in torch._dynamo on first use.
 PRELOAD = ("torch", "torch.nn", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "torch.utils.data",
@@ -138,15 +139,16 @@ def _become_rank(argv: list[str], env: dict[str, str], cwd: str, output: int) ->
         os.chdir(cwd)
         if "torch" in sys.modules:  # OpenMP read OMP_NUM_THREADS when the server loaded torch
             sys.modules["torch"].set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
-        sys.stdout.reconfigure(line_buffering=True, write_through=True)
-        sys.stderr.reconfigure(line_buffering=True, write_through=True)
+        # typeshed's TextIO has no reconfigure; an interpreter's own stdout and stderr are TextIOWrappers
+        cast(io.TextIOWrapper, sys.stdout).reconfigure(line_buffering=True, write_through=True)
+        cast(io.TextIOWrapper, sys.stderr).reconfigure(line_buffering=True, write_through=True)
         sys.argv = list(argv)
         sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
         runpy.run_path(argv[0], run_name="__main__")
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException as exc:  # noqa: BLE001 — the script's error, shown as `python script` would show it
+    except BaseException as exc:
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename != argv[0]:
             tb = tb.tb_next  # this module's and runpy's frames are not the script's

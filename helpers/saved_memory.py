@@ -34,7 +34,7 @@ class _NewStorages(TorchDispatchMode):
         super().__init__()
         self.created: set[int] = set()
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         inputs = {_storage_ptr(t) for t in tree_leaves((args, kwargs))}

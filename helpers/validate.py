@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import nbformat
+
 from helpers import cells
 from helpers.runner import NotebookRunner
 
@@ -17,7 +18,8 @@ NOT_ANSWERED = "not answered yet"
 
 
 def validate_notebook(path: str | Path, timeout: int = 120) -> dict[str, str]:
-    """Execute a notebook (demo and claim cells skipped); returns test grade_id → "" when it passed, else the error (notebook 00)."""
+    """Execute a notebook (demo and claim cells skipped); returns test grade_id → "" when it passed,
+    else the error (notebook 00)."""
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
     nb.cells = [c for c in nb.cells if cells.kind(c) not in cells.SKIPPED]  # as grading skips them

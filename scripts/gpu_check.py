@@ -104,6 +104,7 @@ def kernel_env(setting: str) -> dict[str, str]:
 def execute_one(path: Path, setting: str, out: Path) -> dict:
     """Child process: run one notebook with nbclient; write the executed copy to `out`; return the result."""
     import nbformat
+
     from helpers.runner import NotebookRunner
 
     nb = nbformat.read(path, as_version=4)
@@ -121,7 +122,8 @@ def execute_one(path: Path, setting: str, out: Path) -> dict:
         errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
         if cell.cell_type == "code" and errors:
             grade_id = cell.metadata.get("nbgrader", {}).get("grade_id", "?")
-            first = f"cell {index} ({grade_id}): {errors[0].ename}: {errors[0].evalue.splitlines()[0] if errors[0].evalue else ''}"
+            first = (f"cell {index} ({grade_id}): {errors[0].ename}: "
+                     f"{errors[0].evalue.splitlines()[0] if errors[0].evalue else ''}")
             break
     status = "crashed" if crashed else "failed" if first else "ran"
     return {"status": status, "first_failure": (first or crashed)[:200], "seconds": round(seconds, 1)}

@@ -138,4 +138,4 @@ def installed(venv: Path, name: str) -> str | None:
 if __name__ == "__main__":  # build (or find) the base environments: python tests/colab_like.py 2.14.1 2.11.0
     for version in sys.argv[1:]:
         path, seconds = base_venv(version)
-        print(f"{path} ({'built in %.0f s' % seconds if seconds else 'cached'})")
+        print(f"{path} ({f'built in {seconds:.0f} s' if seconds else 'cached'})")

@@ -55,7 +55,8 @@ HONEST = {  # correct answers written differently: full marks
                            "    r = torch.einsum('nd,d->n', X, w) - y\n    return 2 * torch.einsum('nd,n->d', X, r) / len(X)\n"),
     "honest-float64_1051": ("critical_lr_answer", "def critical_lr(X):\n    X = X.double()\n"
                             "    H = 2 * X.T @ X / X.shape[0]\n    return float(2 / torch.linalg.eigvalsh(H)[-1])\n"),
-    "honest-eye_1052": ("numerical_grad_answer", "def numerical_grad(f, w, eps=1e-3):\n    flat = torch.zeros(w.numel(), dtype=w.dtype)\n"
+    "honest-eye_1052": ("numerical_grad_answer", "def numerical_grad(f, w, eps=1e-3):\n"
+                        "    flat = torch.zeros(w.numel(), dtype=w.dtype)\n"
                         "    for i, e in enumerate(torch.eye(w.numel(), dtype=w.dtype)):\n        e = e.reshape(w.shape) * eps\n"
                         "        flat[i] = (float(f(w + e)) - float(f(w - e))) / (2 * eps)\n    return flat.reshape(w.shape)\n"),
 }
@@ -120,7 +121,7 @@ def build_class(root: Path) -> Mix:
             (path.parent / "timestamp.txt").write_text(LATE.get(student, (ON_TIME,))[0])
         mix.scores[student] = scores
 
-    for i, name in enumerate(["ref-a_1001", "ref-b_1002", "ref-c_1003"]):
+    for name in ["ref-a_1001", "ref-b_1002", "ref-c_1003"]:
         hand_in(name, reference_submission(A), dict(FULL))
     for name in ["blank-a_1010", "blank-b_1011"]:
         hand_in(name, blank_submission(A), {k: 0.0 for k in FULL})

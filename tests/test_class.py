@@ -275,7 +275,8 @@ def test_regrading_from_scratch_one_at_a_time_gives_the_same_rows(graded_class):
         shutil.copytree(cls / student, again / "class" / student)
     autograde(again / "class", again / "out", "--timeout", TIMEOUT, "--jobs", "1", "--force")
     rows = (out / "grades.csv").read_text().splitlines()
-    assert (again / "out" / "grades.csv").read_text().splitlines() == [rows[0], *(r for r in rows[1:] if r.split(",")[0] in chosen)]
+    assert (again / "out" / "grades.csv").read_text().splitlines() == [rows[0],
+                                                                       *(r for r in rows[1:] if r.split(",")[0] in chosen)]
 
 
 def test_an_interrupted_batch_resumes_without_regrading(graded_class):

@@ -8,8 +8,8 @@ import zipfile
 
 import nbformat
 import pytest
-
 from conftest import autograde, read_rows
+
 from grader.autograde import csv_cell, write_csv
 from grader.course import assignment_named, assignments
 from grader.mutants import reference_submission
@@ -83,7 +83,8 @@ def test_a_folder_of_traps_never_stops_collection(tmp_path):
     alice = found["alice", ONE]
     assert alice.notebook == good / A.notebook and not alice.problem
     assert "link mem.ipynb refused" in alice.notes and "special file pipe ignored" in alice.notes
-    assert found["bob", ONE].problem.startswith("missing notebook") and "link 01_gradient_descent.ipynb refused" in found["bob", ONE].notes
+    assert found["bob", ONE].problem.startswith("missing notebook")
+    assert "link 01_gradient_descent.ipynb refused" in found["bob", ONE].notes
     assert found["carol", "?"].problem == "refused: the student folder is a link"
     assert any("unsafe folder name" in s.problem for s in found.values())
     assert found["dave", "not-an-assignment"].problem.startswith("unknown assignment folder")

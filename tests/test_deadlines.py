@@ -3,12 +3,12 @@
 import subprocess
 
 import pytest
-
 from conftest import PYTHON, REPO
+from instructor_class import ONE, A
+
 from grader.deadlines import ConfigError, Lateness, check_students, lateness, parse_config, penalty
 from grader.mutants import reference_submission
 from grader.selftest import put
-from instructor_class import A, ONE
 
 NAMES = [ONE, "02_autograd_graph"]
 
@@ -87,9 +87,11 @@ def test_a_penalty_is_a_share_of_the_earned_or_the_maximum_points_and_never_more
     ("[late]\nper_day = 150", "[late] per_day = 150: must be a number between 0 and 100"),
     ('[late]\nof = "median"', "must be 'earned' or 'max'"),
     ('feedback = "later"', "feedback = 'later': must be one of after-release, at-once"),
-    ('[[extension]]\nstudent = "ada"\ndays = 2', "[[extension]] 1 (student 'ada'): days = 2 extends a due date, but [due] lists none"),
+    ('[[extension]]\nstudent = "ada"\ndays = 2',
+     "[[extension]] 1 (student 'ada'): days = 2 extends a due date, but [due] lists none"),
     (f'[due]\n{ONE} = "2030-01-15 23:59"\n[[extension]]\nstudent = "ada"', "give either due"),
-    (f'[due]\n{ONE} = "2030-01-15 23:59"\n[[extension]]\nstudent = "ada"\ndue = "soon"', "(student 'ada') due = 'soon': not a date"),
+    (f'[due]\n{ONE} = "2030-01-15 23:59"\n[[extension]]\nstudent = "ada"\ndue = "soon"',
+     "(student 'ada') due = 'soon': not a date"),
     ("due = [", "grading.toml: not valid TOML"),
 ])
 def test_a_malformed_config_is_refused_with_the_key_named(text, says):

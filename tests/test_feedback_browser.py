@@ -5,8 +5,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
 from conftest import REPO, autograde
+
 from grader.course import assignment_named
 from grader.mutants import reference_submission
 from grader.selftest import put

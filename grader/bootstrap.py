@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import json
 import re
-import tomllib
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 import nbformat
+import tomllib
 
 from helpers import cells
 

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
-from helpers import cells
 from traitlets.config import Config
 from traitlets.config.loader import PyFileConfigLoader
+
+from helpers import cells
 
 REPO = Path(__file__).resolve().parent.parent
 SOLUTIONS = REPO / "solutions"

@@ -14,11 +14,11 @@ Mutants are realistic wrong answers kept as data in grader/mutants/<assignment>.
 from __future__ import annotations
 
 import copy
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
+import tomllib
 
 from grader.course import Assignment, assignments
 from grader.markers import SOLUTION_MARKER

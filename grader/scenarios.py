@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import nbformat
 
 from grader.course import Assignment
-from grader.mutants import reference_answers
 from grader.markers import HIDDEN_BLOCK, SOLUTION_BLOCK
+from grader.mutants import reference_answers
 from helpers import cells
 
 

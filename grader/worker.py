@@ -24,12 +24,11 @@ import nbformat
 
 from grader import sandbox
 from grader.course import assignment_named, put_interpreter_on_path
-from grader.feedback import write_feedback
-from grader.rebuild import rebuild
 from grader.deadlines import penalty
-from grader.grading import (canary, grade_notebook, known_mistakes, plain_kernel_factory, received, reference_records,
-                            run_notes)
+from grader.feedback import write_feedback
+from grader.grading import canary, grade_notebook, known_mistakes, plain_kernel_factory, received, reference_records, run_notes
 from grader.mutants import load_mutants
+from grader.rebuild import rebuild
 from grader.scenarios import scenarios
 from grader.submissions import MAX_NOTEBOOK_BYTES
 from helpers import cells

@@ -27,7 +27,7 @@ def uses_reference(*names: str) -> None:
     """Declare that this test calls other exercises' functions: the grader substitutes the reference ones (notebook 01)."""
 
 
-class autograd_guard:  # noqa: N801 — used like a function in a `with` statement
+class autograd_guard:
     """Count uses of autograd while active — API calls and graphs recorded; the code keeps running (notebook 01).
 
     A graph that saves tensors for backward (`(X @ w - y) ** 2` with `w.requires_grad`) is counted however

@@ -7,7 +7,6 @@ through Playwright (never Playwright's own browser download); `processes_left` l
 
 from __future__ import annotations
 
-import ast
 import base64
 import json
 import os
@@ -160,35 +159,6 @@ def processes_left(watched: set[int], marker: str, grace: float = 15) -> list[st
 
 # ---------------------------------------------------------------- the student-experience rule
 
-def bound_names(source: str) -> set[str]:
-    """Names a cell binds at top level (assignments, defs, imports, for/with targets; not inside functions)."""
-    if source.lstrip().startswith("%%"):
-        return set()
-    lines = ["" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()]
-    try:
-        tree = ast.parse("\n".join(lines))
-    except SyntaxError:
-        return set()
-    names: set[str] = set()
-
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-            return
-        if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
-            return
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            names.add(node.id)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names.update((a.asname or a.name).split(".")[0] for a in node.names)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(tree)
-    return names
-
-
-MISSING_NAME = re.compile(r"name '(\w+)' is not defined")
 # An exception line "NotImplementedError" or "NotImplementedError: …" inside a quoted traceback, with any
 # "[rank 1] [rank1]: " prefix a launcher puts in front of a worker's output.
 QUOTED_NIE = re.compile(r"^(?:\[[^\]]*\]:?\s*)*NotImplementedError(?::.*)?\s*$", re.M)
@@ -215,41 +185,28 @@ class CellRun:
 def student_experience_problems(cells: list[CellRun]) -> list[str]:
     """What breaks the rule for a released notebook run top to bottom (with a resume after each error).
 
-    The rule, precisely: the *first exercise* is the first answer (`solution: true`) or test
-    (`grade: true`) cell.
-      1. Every code cell before the first exercise runs without an error output.
-      2. Every test cell fails, and only with NotImplementedError (the blank answer's). An error that
+    The rule (the same as tests/notebook_rules.blank_run_problems, seen through the browser):
+      1. Every test cell fails, and only with NotImplementedError (the blank answer's). An error that
          reports a worker process's traceback ending in NotImplementedError (a notebook that runs the
-         answer under torchrun gets LaunchError with the ranks' output) counts as NotImplementedError.
-      3. Answer cells and every other cell after the first exercise may fail only with
-         NotImplementedError, or with a NameError for a name that an earlier *failed* cell binds at
-         top level (that cell stopped before defining it) — transitively, so a failure caused by a
-         caused failure is allowed too. Any other error is a bug in the released notebook.
+         answer in other processes) counts as NotImplementedError.
+      2. Answer cells may fail only with NotImplementedError.
+      3. Every other cell runs without an error: a cell that needs an unfinished exercise says
+         "finish exercise N first" (helpers.exercises.needs_exercise) instead of raising.
       4. Every code cell was executed (the browser resumed after each error).
     """
     problems: list[str] = []
-    first = next((c.index for c in cells if c.kind in ("answer", "test")), None)
-    undefined: set[str] = set()   # names that failed cells did not get to define
     for cell in cells:
         where = f"cell {cell.index} ({cell.grade_id or cell.kind})"
         if not cell.executed:
             problems.append(f"{where} never ran")
             continue
-        if first is None or cell.index < first:
-            problems += [f"{where} before the first exercise failed: {e}: {v}" for e, v in cell.errors]
-            continue
         if cell.kind == "test" and not cell.errors:
             problems.append(f"{where}: the test passes on the blank released notebook")
         for ename, evalue in cell.errors:
-            if is_not_implemented(ename, evalue):
+            if cell.kind in ("test", "answer") and is_not_implemented(ename, evalue):
                 continue
-            missing = MISSING_NAME.search(evalue or "")
-            if ename == "NameError" and missing and missing.group(1) in undefined and cell.kind != "test":
-                continue
-            problems.append(f"{where} failed with {ename}: {evalue} (allowed: NotImplementedError"
-                            + (")" if cell.kind == "test" else ", or a NameError caused by an earlier failure)"))
-        if cell.errors:
-            undefined |= bound_names(cell.source)
+            problems.append(f"{where} failed with {ename}: {evalue} (allowed: NotImplementedError in an answer or "
+                            "test cell; any other cell must say which exercise to finish first)")
     return problems
 
 

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import nbformat
-from helpers.runner import NotebookRunner
 
+from helpers.runner import NotebookRunner
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable

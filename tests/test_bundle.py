@@ -3,6 +3,7 @@
 import subprocess
 
 from conftest import PYTHON, REPO
+
 from grader.bundle import bundle, bundle_leaks
 
 

@@ -20,23 +20,22 @@ notebook go to test-artifacts/colab-like/timings.json.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import colab_like
 import nbformat
 import pytest
+from conftest import REPO
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
-from helpers.runner import NotebookRunner
 
-import colab_like
-from conftest import REPO
 from grader import bootstrap
 from grader.course import assignments
 from grader.mutants import reference_submission
+from helpers.runner import NotebookRunner
 
 pytestmark = pytest.mark.slow
 

@@ -5,9 +5,10 @@ import subprocess
 
 import nbformat
 import pytest
-
 from conftest import PYTHON, REPO
+
 from grader.course import assignment_named, assignments
+from grader.mutants import reference_answers
 from grader.release import generate, leak_problems, metadata_problems, output_problems
 
 
@@ -44,7 +45,8 @@ def test_check_catches_solution_and_hidden_test_leaks(tmp_path):
     leaked.parent.mkdir()
     nbformat.write(source, leaked)  # the instructor copy published by mistake
     problems = leak_problems(tmp_path)
-    assert any("return (2.0 / n) * X.T @ (X @ w - y)" in p for p in problems)
+    solution_line = max(reference_answers(one)["mse_grad_answer"].splitlines()[2:], key=len).strip()
+    assert any(solution_line in p for p in problems), (solution_line, problems)
     assert any("BEGIN SOLUTION/HIDDEN TESTS marker" in p for p in problems)
     assert leak_problems() == []
 

@@ -12,11 +12,10 @@ import sys
 
 import nbformat
 import pytest
-
 from conftest import PYTHON, REPO
 
 sys.path.insert(0, str(REPO / "scripts"))
-import gpu_check  # noqa: E402
+import gpu_check
 
 
 def _notebook(tmp_path, *texts: str):

@@ -19,11 +19,19 @@ from grader import probe
 from grader.feedback import write_feedback
 from grader.grading import Graded
 from grader.harness import Step, StepRun
-from grader.judge import BadPayload, Observation, Opaque, ScenarioRecord, behaves_like, compare, decode_payload, \
-    decode_value, judge, shown_error
+from grader.judge import (
+    BadPayload,
+    Observation,
+    Opaque,
+    ScenarioRecord,
+    behaves_like,
+    compare,
+    decode_value,
+    judge,
+    shown_error,
+)
 from grader.rebuild import ADDED, rebuild
 from grader.scenarios import split
-
 
 # --- cell factories ---------------------------------------------------------------------------------------
 

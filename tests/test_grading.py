@@ -8,8 +8,8 @@ import subprocess
 
 import nbformat
 import pytest
-
 from conftest import PYTHON, autograde, read_rows, shown_lines
+
 from grader.course import assignment_named, assignments
 from grader.cribs import crib_problems
 from grader.grading import plain_kernel_factory, reference_records

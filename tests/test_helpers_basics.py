@@ -23,7 +23,7 @@ def test_datasets_are_seeded_and_shaped():
     scales = X.std(0)
     assert scales[-1] / scales[0] > 2
     Xc, yc = make_classification_batch(n=16, d=4, classes=3, seed=1)
-    assert Xc.shape == (16, 4) and yc.dtype == torch.int64 and 0 <= int(yc.min()) and int(yc.max()) < 3
+    assert Xc.shape == (16, 4) and yc.dtype == torch.int64 and int(yc.min()) >= 0 and int(yc.max()) < 3
 
 
 def test_lecture_style_is_large():

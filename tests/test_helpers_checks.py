@@ -5,8 +5,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers.checks import (CheckFailure, autograd_grad, check, check_scalar, check_tensor, check_unchanged,
-                            constant_factor, describe_mismatch)
+from helpers.checks import (
+    CheckFailure,
+    autograd_grad,
+    check,
+    check_scalar,
+    check_tensor,
+    check_unchanged,
+    constant_factor,
+    describe_mismatch,
+)
 
 shapes = st.lists(st.integers(1, 5), min_size=1, max_size=3)
 factors = st.sampled_from([-1.0, 0.5, 2.0, 3.0, -4.0, 10.0])

@@ -118,8 +118,8 @@ def test_the_drawing_fits_its_viewbox_and_size(no_dot):
     shift = float(re.search(r'translate\(([\d.]+),0\)', svg).group(1))
     for rect in root.iter("{http://www.w3.org/2000/svg}rect"):
         x = float(rect.get("x")) + (shift if rect.get("fill") != "white" else 0)
-        assert 0 <= x and x + float(rect.get("width")) <= width + 0.5
-        assert 0 <= float(rect.get("y")) and float(rect.get("y")) + float(rect.get("height")) <= height + 0.5
+        assert x >= 0 and x + float(rect.get("width")) <= width + 0.5
+        assert float(rect.get("y")) >= 0 and float(rect.get("y")) + float(rect.get("height")) <= height + 0.5
     assert float(root.get("width").removesuffix("pt")) < width  # scaled down to about 3 inches of graph
 
 

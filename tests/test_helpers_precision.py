@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from grader.mutants import reference_function
-from helpers.precision import (PrecisionRow, bf16_support, make_mlp, measure_precision, synchronize, tf32_matmuls,
-                               time_call)
+from helpers.precision import PrecisionRow, bf16_support, make_mlp, measure_precision, synchronize, tf32_matmuls, time_call
 
 CPU = torch.device("cpu")
 # the reference answer of notebook 06: helpers must not carry it (students receive helpers/)

@@ -8,12 +8,12 @@ import csv
 import subprocess
 
 import pytest
-
 from conftest import PYTHON, REPO
+from instructor_class import FULL, ONE, A
+
 from grader.autograde import write_outputs
 from grader.lms import ExportError, RosterError, export, match_students, read_roster
 from grader.worker import Result
-from instructor_class import A, FULL, ONE
 
 ZERO = {k: 0.0 for k in FULL}
 
@@ -160,7 +160,7 @@ def test_a_worksheet_is_for_one_assignment_and_a_different_maximum_is_reported(g
     sheet = write(tmp_path / "ws.csv", [["Identifier", "Full name", "Grade", "Maximum Grade", "Last modified (grade)"],
                                         ["Participant 101", "Ada", "", "100.00", "-"]])
     done = export(graded, read_roster(sheet, "moodle"), tmp_path / "out.csv")
-    assert done["notes"] == [f"the worksheet's Maximum Grade is 100.00, grades.csv's max_total 10: "
+    assert done["notes"] == ["the worksheet's Maximum Grade is 100.00, grades.csv's max_total 10: "
                              "the totals are exported as they are"]
     with pytest.raises(ExportError, match="no assignment '02_autograd_graph'"):
         export(graded, read_roster(sheet, "moodle"), tmp_path / "out.csv", ["02_autograd_graph"])

@@ -5,7 +5,6 @@ notebook with blank answers fails only in its exercise cells, with NotImplemente
 """
 
 import pytest
-
 from conftest import REPO, executed
 from notebook_rules import blank_run_problems, prose_number_problems
 

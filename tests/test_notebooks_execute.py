@@ -1,7 +1,6 @@
 """Every solution notebook runs top to bottom on CPU without an error."""
 
 import pytest
-
 from conftest import REPO, execute_solution
 
 SOLUTIONS = sorted((REPO / "solutions").glob("*/*.ipynb"))

@@ -16,16 +16,16 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tomllib
 import zipfile
 from importlib import metadata
 from pathlib import Path
 
 import nbformat
 import pytest
+import tomllib
+from conftest import REPO
 from nbgrader.utils import compute_checksum
 
-from conftest import REPO
 from grader import bootstrap
 from grader.course import assignments
 from grader.grading import plan

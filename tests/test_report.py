@@ -15,13 +15,28 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
 from conftest import PYTHON, REPO, autograde
+from instructor_class import (
+    ALL_WRONG,
+    CONFIG,
+    FULL,
+    JDOE,
+    LATE,
+    MUTANTS,
+    NO_TIME,
+    ONE,
+    ROSTER_ONLY,
+    UNRECOGNISED,
+    A,
+    build_class,
+    canvas_roster,
+    gradescope_roster,
+    moodle_worksheet,
+)
+
 from grader.grading import Graded
 from grader.judge import Verdict
 from grader.report import ORDER, analyse, category, render
-from instructor_class import (A, ALL_WRONG, CONFIG, FULL, JDOE, LATE, MUTANTS, NO_TIME, ONE, ROSTER_ONLY, UNRECOGNISED,
-                              build_class, canvas_roster, gradescope_roster, moodle_worksheet)
 
 CHROMIUM = Path("/usr/bin/chromium")
 TIMEOUT = "10"  # seconds per cell; one hand-in sleeps past it on purpose

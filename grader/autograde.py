@@ -20,7 +20,7 @@ from pathlib import Path
 import nbformat
 from tqdm import tqdm
 
-from grader import sandbox
+from grader import limits, sandbox
 from grader.course import REPO, Assignment, assignments
 from grader.deadlines import Config, Lateness, check_students, lateness, penalty
 from grader.grading import GradingEnvironmentBroken, known_mistakes, plain_kernel_factory, reference_records
@@ -45,7 +45,7 @@ def code_digest(root: Path = REPO) -> str:
     mutants), helpers/, the sandbox's limits, torch and Python."""
     import torch
 
-    digest = hashlib.sha256(f"{torch.__version__}\0{sys.version}\0{sandbox.limits_key()}".encode())
+    digest = hashlib.sha256(f"{torch.__version__}\0{sys.version}\0{limits.limits_key()}".encode())
     for folder in (root / "grader", root / "helpers"):
         for path in sorted(folder.rglob("*")):
             if path.is_file() and "__pycache__" not in path.parts:

@@ -8,7 +8,7 @@ from pathlib import Path
 import nbformat
 
 from grader.course import NOTEBOOKS, REPO, assignments
-from grader.markers import HIDDEN_BLOCK, SOLUTION_BLOCK
+from grader.markers import ANY_MARKER, secret_and_public
 
 SHIPPED_FILES = ["course", "requirements.txt", "environment.yml"]
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints")
@@ -78,9 +78,9 @@ def _secret_patterns(min_chars: int = 40, run: int = 3) -> tuple[set[str], set[t
     secret: list[list[str]] = []
     for assignment in assignments():
         for cell in nbformat.read(assignment.source, as_version=4).cells:
-            text = cell.source + "\n"
-            secret += [_code_lines(b) for b in SOLUTION_BLOCK.findall(text) + HIDDEN_BLOCK.findall(text)]
-            public.append(_code_lines(HIDDEN_BLOCK.sub("", SOLUTION_BLOCK.sub("", text))))
+            blocks, shown = secret_and_public(cell.source + "\n")
+            secret += [_code_lines(b) for b in blocks]
+            public.append(_code_lines(shown))
     public_lines = {line for block in public for line in block}
     lines = {line for block in secret for line in block if len(line) >= min_chars} - public_lines
     return lines, windows(secret) - windows(public)
@@ -100,6 +100,6 @@ def bundle_leaks(out: Path) -> list[str]:
             problems += [f"{path.relative_to(out)}: {line!r}" for line in code if line in lines]
             problems += [f"{path.relative_to(out)}: lines {' / '.join(code[i:i + 3])!r}"
                          for i in range(len(code) - 2) if tuple(code[i:i + 3]) in runs]
-            if "BEGIN SOLUTION" in chunk or "BEGIN HIDDEN TESTS" in chunk:
+            if ANY_MARKER.search(chunk):
                 problems.append(f"{path.relative_to(out)}: an nbgrader solution/hidden-test marker")
     return problems

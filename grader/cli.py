@@ -18,7 +18,7 @@ def _release(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from grader.release import check
+    from grader.check import check
 
     problems = check()
     for problem in problems:

@@ -23,6 +23,7 @@ from grader import probe
 
 PROBE_SOURCE = Path(probe.__file__).read_text(encoding="utf-8")
 MAX_OUTPUT_CHARS = 1_000_000  # per step, what a cell prints or displays
+MAX_TOTAL_OUTPUT_CHARS = 8_000_000  # per notebook: what the grader keeps of all steps' output together
 MAX_PAYLOAD_CHARS = 16 * 2**20  # per step, what scenarios send back
 MAX_MESSAGE_BYTES = 64 * 2**20  # one message larger than this drops the connection (zmq MAXMSGSIZE)
 INTERRUPT_GRACE_S = 10.0
@@ -187,6 +188,7 @@ def run_steps(steps: list[Step], new_kernel: Callable[[], Kernel], timeout: floa
     kernel: Kernel | None = None
     replay: list[Step] = []  # cells (never scenarios) that ran without taking the kernel down
     restarts = 0
+    kept = 0  # output characters kept so far: a flood spread over many cells is still bounded
     try:
         for step in steps:
             if kernel is None:
@@ -204,6 +206,10 @@ def run_steps(steps: list[Step], new_kernel: Callable[[], Kernel], timeout: floa
                     timed("kernel stop", began)
                 elif not step.test:
                     replay.append(step)
+            kept += sum(len(json.dumps(out, default=str)) for out in run.outputs)
+            if kept > MAX_TOTAL_OUTPUT_CHARS and run.outputs:
+                run.outputs.clear()
+                run.failure = run.failure or OUTPUT_LIMIT
             runs.append(run)
     finally:
         if kernel is not None:

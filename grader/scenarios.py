@@ -120,6 +120,6 @@ def scenarios(assignment: Assignment) -> tuple[Scenario, ...]:
         if missing:
             raise ValueError(f"{assignment.name}/{info['grade_id']}: uses_reference names no answer's function: {missing}")
         inject = "\n\n".join(dict.fromkeys(providers[n] for n in needs))
-        found.append(Scenario(info["grade_id"], float(info["points"]), student, reference, exposed, inject,
+        found.append(Scenario(info["grade_id"], cells.points([cell])[info["grade_id"]], student, reference, exposed, inject,
                               tuple(sorted(_defines(inject))) if inject else ()))
     return tuple(found)

@@ -16,12 +16,12 @@ import nbformat
 import pytest
 from conftest import REPO, autograde, read_rows, shown_lines
 
-from grader import sandbox
+from grader import limits, sandbox
 from grader.autograde import SandboxUnavailable, code_digest
 from grader.autograde import autograde as autograde_in_process
+from grader.check import secret_lines
 from grader.course import assignment_named
 from grader.mutants import load_mutants, mutant_submission, reference_submission
-from grader.release import secret_lines
 from grader.selftest import Expected, mismatches, put
 
 pytestmark = pytest.mark.slow
@@ -241,6 +241,10 @@ def graded_class(tmp_path_factory):
         "out of memory in cell critical_lr_answer")
     add("floods-output", with_code("numerical_grad_answer", "print('x' * 3_000_000)"), FULL,
         "output too large in cell numerical_grad_answer")
+    nb = reference_submission(A)
+    for _ in range(20):  # 20 cells of 900,000 characters each, all before the first test
+        nb = with_cell("print('y' * 900_000)", after="setup", base=nb)
+    add("floods-many-cells", nb, FULL, "output too large in cell")
 
     out = root / "graded"
     autograde(cls, out, "--timeout", TIMEOUT)
@@ -255,6 +259,7 @@ def test_every_submission_gets_its_points_and_status(graded_class):
 
 def test_feedback_never_shows_hidden_tests_or_what_ran_after_them(graded_class):
     _, out, _ = graded_class
+    assert (out / "feedback" / "floods-many-cells" / ONE / f"{ONE}.html").stat().st_size < 10 * 2**20
     hidden = secret_lines(nbformat.read(A.source, as_version=4), solutions=False)
     pages = sorted((out / "feedback").rglob("*.html"))
     assert len(pages) >= 40
@@ -379,7 +384,7 @@ def test_feedback_shows_the_students_own_output_from_before_the_tests(honest_cla
 
 def test_a_broken_environment_stops_grading_instead_of_writing_zeros(tmp_path, monkeypatch):
     put(tmp_path / "class", "someone", A, reference_submission(A))
-    monkeypatch.setenv(sandbox.MEMORY_ENV, str(256 * 2**20))  # too little for torch: every kernel fails
+    monkeypatch.setenv(limits.MEMORY_ENV, str(256 * 2**20))  # too little for torch: every kernel fails
     run = autograde(tmp_path / "class", tmp_path / "out", "--timeout", TIMEOUT, check=False)
     assert run.returncode == 4, run.stdout + run.stderr
     assert "no grades written" in run.stderr and "reference solution" in run.stderr
@@ -398,9 +403,9 @@ def test_anything_that_decides_a_grade_changes_the_cache_key(tmp_path, monkeypat
         assert code_digest(copy) != before, edited
         (copy / edited).write_bytes(original)
     assert code_digest(copy) == before
-    monkeypatch.setenv(sandbox.MEMORY_ENV, "123456789")
+    monkeypatch.setenv(limits.MEMORY_ENV, "123456789")
     assert code_digest(copy) != before
-    monkeypatch.delenv(sandbox.MEMORY_ENV)
+    monkeypatch.delenv(limits.MEMORY_ENV)
     import torch
     monkeypatch.setattr(torch, "__version__", "0.0.0")
     assert code_digest(copy) != before

@@ -10,11 +10,11 @@ import nbformat
 import pytest
 from conftest import PYTHON, autograde, read_rows, shown_lines
 
+from grader.check import secret_lines
 from grader.course import assignment_named, assignments
 from grader.cribs import crib_problems
 from grader.grading import plain_kernel_factory, reference_records
 from grader.mutants import load_mutants, reference_answers, reference_submission
-from grader.release import secret_lines
 from grader.selftest import mismatches, write_selftest_class
 
 pytestmark = pytest.mark.slow

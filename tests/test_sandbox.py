@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from grader import harness, sandbox
+from grader import harness, limits, sandbox
 from grader.grading import Graded, run_notes
 from grader.harness import DIED, KILLED, Step, StepRun
 
@@ -371,7 +371,7 @@ def test_the_status_names_the_limit_that_killed_the_kernel():
 
 def test_cgroup_v2_files(tmp_path):
     """The cgroup v2 path cannot run on this machine (v1 only): at least the files it writes and reads."""
-    cgroups = sandbox.MemoryCgroups(2, tmp_path, "t")
+    cgroups = limits.MemoryCgroups(2, tmp_path, "t")
     procs = cgroups.create("1", 123 * MiB)
     folder = cgroups.path("1")
     assert procs == [str(folder / "cgroup.procs")] and (folder / "memory.max").read_text() == str(123 * MiB)

@@ -3,12 +3,14 @@
 import csv
 import functools
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import nbformat
+import pytest
 
 from helpers.runner import NotebookRunner
 
@@ -39,6 +41,18 @@ def read_rows(out):
                                           details.get((r["student"], r["assignment"]), {}).get("mistakes", {}))
         for r in rows
     }
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def require_chromium() -> None:
+    """Skip a browser test where Debian's chromium is missing, saying why — and fail it in CI (CI=true)."""
+    if not CHROMIUM.exists():
+        message = f"{CHROMIUM} is missing: `./course setup` installs Debian's chromium (apt-get install chromium)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
 
 
 def shown_lines(page: str) -> set[str]:

@@ -53,7 +53,7 @@ from browser_lab import (
     student_experience_problems,
     svg_clipping,
 )
-from conftest import REPO, execute_solution, executed
+from conftest import REPO, execute_solution, executed, require_chromium
 
 pytestmark = pytest.mark.slow
 
@@ -84,11 +84,7 @@ def _save_timings(extra: dict | None = None) -> None:
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """A JupyterLab server over a copy of solutions/ and notebooks/, and one Chromium page on it."""
-    if not CHROMIUM.exists():
-        message = f"{CHROMIUM} is missing: `./course setup` installs Debian's chromium (apt-get install chromium)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+    require_chromium()
     from playwright.sync_api import sync_playwright
 
     home = tmp_path_factory.mktemp("browser-lab")

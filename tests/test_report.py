@@ -5,17 +5,15 @@ figures render in Chromium. Fast unit tests of the report and the feedback modes
 import csv
 import html
 import json
-import os
 import re
 import resource
 import statistics
 import subprocess
 import time
-from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import PYTHON, REPO, autograde
+from conftest import CHROMIUM, PYTHON, REPO, autograde, require_chromium
 from instructor_class import (
     ALL_WRONG,
     CONFIG,
@@ -38,7 +36,6 @@ from grader.grading import Graded
 from grader.judge import Verdict
 from grader.report import ORDER, analyse, category, render
 
-CHROMIUM = Path("/usr/bin/chromium")
 TIMEOUT = "10"  # seconds per cell; one hand-in sleeps past it on purpose
 
 
@@ -276,11 +273,7 @@ def test_each_export_parses_back_and_matches_grades_csv(graded_class, fmt):
 
 @pytest.mark.slow
 def test_the_report_opens_offline_in_chromium_and_its_figures_render(graded_class):
-    if not CHROMIUM.exists():
-        message = f"{CHROMIUM} is missing: `./course setup` installs Debian's chromium (apt-get install chromium)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+    require_chromium()
     from playwright.sync_api import sync_playwright
 
     _, root = graded_class

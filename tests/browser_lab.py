@@ -21,7 +21,6 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 VIEWPORT = {"width": 1280, "height": 800}  # a projector's resolution

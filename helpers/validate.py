@@ -6,10 +6,13 @@ answered and passes its visible test — unlike `nbgrader validate`, whose exit 
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
+from jupyter_client.manager import AsyncKernelManager
 
 from helpers import cells
 from helpers.runner import NotebookRunner
@@ -23,9 +26,14 @@ def validate_notebook(path: str | Path, timeout: int = 120) -> dict[str, str]:
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
     nb.cells = [c for c in nb.cells if cells.kind(c) not in cells.SKIPPED]  # as grading skips them
-    client = NotebookRunner(nb, timeout=timeout, allow_errors=True, kernel_name="python3",
-                            resources={"metadata": {"path": str(path.parent)}})
-    client.execute()
+    # A kernel on ipc sockets in a private folder: over TCP, ipykernel warns on its stderr (which a kernel
+    # started from a notebook cell shares with that notebook) that the channel is not encrypted.
+    with tempfile.TemporaryDirectory(prefix="validate-") as work:
+        manager = AsyncKernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(work, "kernel"))
+        manager.connection_file = os.path.join(work, "connection.json")
+        client = NotebookRunner(nb, km=manager, timeout=timeout, allow_errors=True, kernel_name="python3",
+                                resources={"metadata": {"path": str(path.parent)}})
+        client.execute(cleanup_kc=True)  # nbclient keeps alive a kernel whose manager it was handed
     results = {}
     for cell in nb.cells:
         if cells.kind(cell) != cells.TEST:

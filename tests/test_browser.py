@@ -42,7 +42,6 @@ from pathlib import Path
 
 import pytest
 from browser_lab import (
-    CHROMIUM,
     CHROMIUM_ARGS,
     VIEWPORT,
     CellRun,
@@ -53,7 +52,7 @@ from browser_lab import (
     student_experience_problems,
     svg_clipping,
 )
-from conftest import REPO, execute_solution, executed, require_chromium
+from conftest import CHROMIUM, REPO, execute_solution, executed, require_chromium
 
 pytestmark = pytest.mark.slow
 

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import json
 import os
+import queue
 import select
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict
 from pathlib import Path
@@ -24,6 +25,7 @@ from grader import limits, sandbox
 from grader.course import REPO, Assignment, assignments
 from grader.deadlines import Config, Lateness, check_students, lateness, penalty
 from grader.grading import GradingEnvironmentBroken, known_mistakes, plain_kernel_factory, reference_records
+from grader.harness import own_cells_budget
 from grader.release import generate
 from grader.submissions import MAX_NOTEBOOK_BYTES, Submission, collect, printable, unpack_zip
 from grader.worker import Result, Spec
@@ -283,18 +285,24 @@ def autograde(
                     timeout=timeout, sandbox=sandboxed, problem=sub.problem, notes=sub.notes,
                     feedback_mode=feedback, lateness=asdict(late) if late.due else {})
         code_cells = sum(c.cell_type == "code" for c in nbformat.read(assignment.source, as_version=4).cells)
-        pending.append((spec, fingerprint, timeout * code_cells + WORKER_OVERHEAD_S))
+        # Every cell and test at its limit, twice over (a crash replays what ran), plus the student's own cells.
+        pending.append((spec, fingerprint, 2 * timeout * code_cells + own_cells_budget(timeout) + WORKER_OVERHEAD_S))
 
-    local = threading.local()
-    workers: list[WorkerProcess] = []
+    workers = [WorkerProcess(env, work / "logs" / f"worker-{i}.log") for i in range(min(jobs, len(pending)))]
+    idle: queue.Queue[WorkerProcess] = queue.Queue()
+    for worker in workers:
+        idle.put(worker)
 
     def run(spec: Spec, wall: float) -> Result:
-        if not hasattr(local, "worker"):
-            local.worker = WorkerProcess(env, work / "logs" / f"worker-{len(workers)}.log")
-            workers.append(local.worker)
-        return local.worker.grade(spec, wall)
+        worker = idle.get()
+        try:
+            return worker.grade(spec, wall)
+        finally:
+            idle.put(worker)
 
-    broken = ""
+    # Every worker checks its environment on the reference before any student's code runs anywhere, so a
+    # hand-in cannot starve a canary (and stop the batch) by hogging the machine.
+    broken = _warm_up(workers, [(spec, wall) for spec, _, wall in pending])
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(run, spec, wall): (spec, fp) for spec, fp, wall in pending}
         bar = tqdm(as_completed(futures), total=len(futures), desc="grading", unit="submission", disable=not progress)
@@ -323,6 +331,28 @@ def autograde(
         raise GradingEnvironmentBroken(broken)
     write_outputs(results, known, out, report=report)
     return results
+
+
+def _warm_up(workers: list[WorkerProcess], pending: list[tuple[Spec, float]]) -> str:
+    """Run each worker's canary for every assignment in `pending`, all before grading; '' or why it failed.
+
+    A canary grades the reference notebook, so it gets the wall-clock budget of one submission."""
+    firsts = {spec.assignment: (spec, wall) for spec, wall in pending}
+    if not workers or not firsts:
+        return ""
+
+    def check(worker: WorkerProcess) -> str:
+        for first, wall in firsts.values():
+            probe = dataclasses.replace(first, student="", canary_only=True,
+                                        result=str(Path(first.result).parent.parent / f".canary-{id(worker)}.json"))
+            result = worker.grade(probe, wall)
+            problem = result.broken or ("" if result.max_scores else "; ".join(result.status))  # the worker died
+            if problem:
+                return problem
+        return ""
+
+    with ThreadPoolExecutor(max_workers=len(workers)) as pool:
+        return next((p for p in pool.map(check, workers) if p), "")
 
 
 def _template(chosen: list[Assignment]) -> Path:

@@ -24,7 +24,7 @@ from jupyter_client import KernelManager
 
 from grader import harness
 from grader.course import REPO, Assignment
-from grader.harness import DIED, KILLED, NOT_RUN, OUTPUT_LIMIT, TIMEOUT, Kernel, Step, StepRun
+from grader.harness import DIED, KILLED, NOT_RUN, OUTPUT_LIMIT, SKIPPED, TIMEOUT, Kernel, Step, StepRun
 from grader.judge import BadPayload, ScenarioRecord, Verdict, behaves_like, decode_payload, judge
 from grader.mutants import load_mutants, mutant_submission, pack_mutants, reference_submission
 from grader.scenarios import scenarios
@@ -80,8 +80,9 @@ def plan(nb: nbformat.NotebookNode, assignment: Assignment, *, reference: bool =
             steps.append(Step(grade_id, cell.source, by_student=True))
         elif cell_kind == cells.SETUP:
             steps.append(Step(grade_id, cell.source, by_student=False))
+            steps.append(Step(f"{grade_id} (names)", harness.snapshot_code(), by_student=False))
         elif cell_kind == cells.ADDED:
-            steps.append(Step(f"cell {index + 1}", cell.source, by_student=True))
+            steps.append(Step(f"cell {index + 1}", cell.source, by_student=True, added=True))
     return steps
 
 
@@ -90,6 +91,7 @@ FAILURE_WORDS = {
     KILLED: "the test ran past the time limit of {timeout:g} s and would not stop",
     DIED: "the kernel died while the test ran",
     NOT_RUN: "the kernel could not be restarted after an earlier crash",
+    SKIPPED: "",
     OUTPUT_LIMIT: "",
     "": "",
 }
@@ -152,6 +154,9 @@ def run_notes(graded: Graded) -> list[str]:
             notes.append(f"output too large in {where}")
         elif run.failure == NOT_RUN:
             notes.append(f"not run: {where} (no kernel after repeated crashes)")
+        elif run.failure == SKIPPED and not any(n.startswith("skipped your cells") for n in notes):
+            notes.append(f"skipped your cells from {where} on: your own cells had used their time budget "
+                         "(answers and tests still ran)")
         elif run.error == "MemoryError" and step.by_student:
             notes.append(f"out of memory in {where}")
         elif step.test and len(run.payloads) != 1:

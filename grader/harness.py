@@ -25,7 +25,8 @@ PROBE_SOURCE = Path(probe.__file__).read_text(encoding="utf-8")
 MAX_OUTPUT_CHARS = 1_000_000  # per step, what a cell prints or displays
 MAX_TOTAL_OUTPUT_CHARS = 8_000_000  # per notebook: what the grader keeps of all steps' output together
 MAX_PAYLOAD_CHARS = 16 * 2**20  # per step, what scenarios send back
-MAX_MESSAGE_BYTES = 64 * 2**20  # one message larger than this drops the connection (zmq MAXMSGSIZE)
+MAX_MESSAGE_BYTES = 16 * 2**20  # one message larger than this drops the connection (zmq MAXMSGSIZE)
+RECEIVE_QUEUE = 32  # messages zmq holds unread per socket (RCVHWM); a publisher drops the rest
 INTERRUPT_GRACE_S = 10.0
 MAX_RESTARTS = 3
 
@@ -35,6 +36,13 @@ KILLED = "killed"  # still running after the interrupt: the kernel was killed
 DIED = "died"  # the kernel died while the step ran
 OUTPUT_LIMIT = "output limit"  # more output than MAX_OUTPUT_CHARS: the rest was dropped
 NOT_RUN = "not run"  # no kernel could be started for it
+SKIPPED = "skipped"  # a cell of the student's own after their cells had used OWN_CELLS_BUDGET
+
+
+def own_cells_budget(timeout: float) -> float:
+    """Seconds the cells a student added may take together; after that they are skipped (answers and tests
+    still run), so a notebook full of slow scratch cells costs nothing but those cells."""
+    return max(120.0, 4 * timeout)
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,7 @@ class Step:
     code: str
     by_student: bool
     test: str = ""  # the test id when this step is a scenario
+    added: bool = False  # a cell the student added: it runs within OWN_CELLS_BUDGET
 
 
 @dataclass
@@ -70,10 +79,16 @@ class Kernel:
         self.exit_reason = exit_reason or (lambda: "")
         manager.start_kernel(**start)
         self.client = manager.client()
-        self.client.start_channels()
-        for channel in (self.client.iopub_channel, self.client.shell_channel):
-            _limit_message_size(channel)
-        self.client.wait_for_ready(timeout=startup_timeout)
+        try:
+            _bound_sockets(self.client.context)  # before any socket of the client exists
+            # Only what grading reads: no stdin or heartbeat socket that a kernel could fill unread.
+            self.client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
+            self.client.wait_for_ready(timeout=startup_timeout)
+        except BaseException:
+            # A kernel that died starting (e.g. at a memory limit) must not leave open sockets behind: the garbage
+            # collector would later block forever terminating their context.
+            self.stop()
+            raise
 
     def alive(self) -> bool:
         return bool(self.manager.is_alive())
@@ -81,6 +96,7 @@ class Kernel:
     def stop(self) -> None:
         try:
             self.client.stop_channels()
+            self.client.context.destroy(linger=0)
         finally:
             if self.manager.has_kernel:
                 self.manager.shutdown_kernel(now=True)
@@ -113,6 +129,10 @@ class Kernel:
                     result.reason = self.exit_reason()
                     break
                 continue
+            except Exception:  # a message the kernel forged badly (bad signature, not JSON): dropped
+                continue
+            if not isinstance(msg.get("parent_header"), dict) or not isinstance(msg.get("content"), dict):
+                continue
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
                 continue
             kind, content = msg["msg_type"], msg["content"]
@@ -140,12 +160,13 @@ class Kernel:
         return result
 
 
-def _limit_message_size(channel) -> None:
+def _bound_sockets(context) -> None:
+    """Every socket the client opens from now on drops a message over MAX_MESSAGE_BYTES and queues at most
+    RECEIVE_QUEUE of them unread: whatever the kernel sends, the grader's memory stays bounded."""
     import zmq
 
-    socket = getattr(channel, "socket", None)
-    if socket is not None:
-        socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+    context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+    context.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)
 
 
 def _as_output(kind: str, content: dict) -> dict:
@@ -158,6 +179,11 @@ def _as_output(kind: str, content: dict) -> dict:
     if kind == "execute_result":
         output["execution_count"] = None
     return output
+
+
+def snapshot_code() -> str:
+    """The step after a set-up cell: remember the names set-up made (injected reference code is defined among them)."""
+    return f"{probe.SETUP_NAMES} = dict(globals())\n"
 
 
 def scenario_code(test: str, code: str, answers: tuple[str, ...], inject: str = "", inject_names: tuple[str, ...] = ()) -> str:
@@ -189,6 +215,7 @@ def run_steps(steps: list[Step], new_kernel: Callable[[], Kernel], timeout: floa
     replay: list[Step] = []  # cells (never scenarios) that ran without taking the kernel down
     restarts = 0
     kept = 0  # output characters kept so far: a flood spread over many cells is still bounded
+    own_seconds, budget = 0.0, own_cells_budget(timeout)
     try:
         for step in steps:
             if kernel is None:
@@ -197,6 +224,8 @@ def run_steps(steps: list[Step], new_kernel: Callable[[], Kernel], timeout: floa
                 timed("kernel start", began)
             if kernel is None:
                 run = StepRun(failure=NOT_RUN)
+            elif step.added and own_seconds >= budget:
+                run = StepRun(failure=SKIPPED)
             else:
                 run = kernel.run(step.code, timeout, store_history=not step.test)
                 if run.failure in (KILLED, DIED):
@@ -206,6 +235,8 @@ def run_steps(steps: list[Step], new_kernel: Callable[[], Kernel], timeout: floa
                     timed("kernel stop", began)
                 elif not step.test:
                     replay.append(step)
+            if step.added:
+                own_seconds += run.seconds
             kept += sum(len(json.dumps(out, default=str)) for out in run.outputs)
             if kept > MAX_TOTAL_OUTPUT_CHARS and run.outputs:
                 run.outputs.clear()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import stat
 import sys
 import time
@@ -51,6 +52,7 @@ class Spec:
     notes: list[str] = field(default_factory=list)  # what collection noticed (renamed, extra files, …)
     feedback_mode: str = "after-release"  # or "at-once": no hidden-test messages yet (grader/feedback.py)
     lateness: dict = field(default_factory=dict)  # grader.deadlines.Lateness, shown on the feedback page
+    canary_only: bool = False  # only check this worker's environment on the reference (before any student runs)
 
 
 @dataclass
@@ -82,13 +84,37 @@ def _load(path: Path) -> nbformat.NotebookNode:
         data = f.read(MAX_NOTEBOOK_BYTES + 1)
     if len(data) > MAX_NOTEBOOK_BYTES:
         raise ValueError(f"larger than {MAX_NOTEBOOK_BYTES // 2**20} MB")
-    text = data.decode("utf-8")
-    raw = json.loads(text)
+    return cells_of(json.loads(data.decode("utf-8")))
+
+
+CELL_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def cells_of(raw: object) -> nbformat.NotebookNode:
+    """A notebook rebuilt from what grading uses — each cell's type, source, metadata and id — and nothing else.
+
+    Editors save nbformat 4 with variations nbformat's validator refuses (ids in a 4.4 file, outputs with
+    extra fields, no execution counts): none of that is the student's answer, so it is not held against it.
+    """
     major = raw.get("nbformat") if isinstance(raw, dict) else None
     if major != 4:
         raise ValueError(f"nbformat {major!r}, expected 4")
-    nb = nbformat.reads(text, as_version=4)
-    nbformat.validate(nb)
+    assert isinstance(raw, dict)
+    if not isinstance(raw.get("cells"), list):
+        raise ValueError("no list of cells")
+    nb = nbformat.v4.new_notebook()
+    makers = {"code": nbformat.v4.new_code_cell, "markdown": nbformat.v4.new_markdown_cell, "raw": nbformat.v4.new_raw_cell}
+    for cell in raw["cells"]:
+        if not isinstance(cell, dict) or cell.get("cell_type") not in makers:
+            continue
+        source = cell.get("source", "")
+        source = "".join(part for part in source if isinstance(part, str)) if isinstance(source, list) else source
+        metadata = cell.get("metadata")
+        new = makers[cell["cell_type"]](source if isinstance(source, str) else "",
+                                        metadata=metadata if isinstance(metadata, dict) else {})
+        if isinstance(cell.get("id"), str) and CELL_ID.match(cell["id"]):
+            new["id"] = cell["id"]
+        nb.cells.append(new)
     return nb
 
 
@@ -104,6 +130,21 @@ def _forkserver() -> sandbox.ForkServer:
     return _FORKSERVER
 
 
+def _new_kernel(spec: Spec):
+    return sandbox.kernel_factory(_forkserver()) if spec.sandbox else plain_kernel_factory()
+
+
+def _canary(assignment, spec: Spec) -> str:
+    """'' once the reference has earned full marks in this worker's environment (checked once per assignment)."""
+    if assignment.name not in _CANARY_PASSED:
+        records = reference_records(assignment, plain_kernel_factory(), spec.timeout)
+        problem = canary(assignment, _new_kernel(spec), spec.timeout, records)
+        if problem:
+            return problem
+        _CANARY_PASSED.add(assignment.name)
+    return ""
+
+
 def grade(spec: Spec) -> Result:
     """Grade one submission; every failure becomes a status note, never an exception."""
     assignment = assignment_named(spec.assignment)
@@ -111,6 +152,9 @@ def grade(spec: Spec) -> Result:
     max_scores = {s.test: s.points for s in scenarios(assignment)}
     result = Result(spec.student, spec.assignment, {k: 0.0 for k in max_scores}, max_scores)
     result.status += spec.notes
+    if spec.canary_only:
+        result.broken = _canary(assignment, spec)
+        return result
     if spec.problem or not spec.submitted:
         result.status.append(spec.problem or "no notebook")
         return result
@@ -123,14 +167,12 @@ def grade(spec: Spec) -> Result:
     result.status += tamper_notes
     result.answered = _answered(rebuilt, released)
 
-    new_kernel = sandbox.kernel_factory(_forkserver()) if spec.sandbox else plain_kernel_factory()
+    problem = _canary(assignment, spec)
+    if problem:
+        result.broken = problem
+        return result
+    new_kernel = _new_kernel(spec)
     records = reference_records(assignment, plain_kernel_factory(), spec.timeout)
-    if assignment.name not in _CANARY_PASSED:
-        problem = canary(assignment, new_kernel, spec.timeout, records)
-        if problem:
-            result.broken = problem
-            return result
-        _CANARY_PASSED.add(assignment.name)
     mistakes = known_mistakes(assignment, plain_kernel_factory(), spec.timeout)
     started = time.monotonic()
     graded = grade_notebook(rebuilt, assignment, new_kernel, spec.timeout, records, mistakes)

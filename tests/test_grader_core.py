@@ -8,10 +8,13 @@ writing a feedback page that shows nothing hidden and runs nothing.
 import base64
 import copy
 import json
+import subprocess
+import sys
 
 import nbformat
 import pytest
 import torch
+from conftest import REPO
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -78,12 +81,16 @@ def test_rebuild_keeps_answers_and_added_cells_and_restores_the_rest():
     assert notes == ["tampered: edited locked cell f restored"]
 
 
-def test_rebuild_restores_deleted_cells_and_ignores_duplicates():
+def test_rebuild_restores_deleted_cells_and_grades_the_last_copy_of_an_answer():
     submitted = released()
-    submitted.cells = [submitted.cells[2], submitted.cells[2]]
+    draft, final = copy.deepcopy(submitted.cells[2]), copy.deepcopy(submitted.cells[2])
+    draft.source, final.source = "def helper():\n    return 2", "def f(x):\n    return helper() * x"
+    submitted.cells = [draft, final]  # a split (or copied) answer cell: both keep its metadata
     rebuilt, notes = rebuild(submitted, released())
-    assert len(rebuilt.cells) == 4
-    assert "tampered: duplicated cell f_answer ignored" in notes and "tampered: deleted cell setup restored" in notes
+    assert [c.source for c in rebuilt.cells] == ["def helper():\n    return 2", "import torch", "# Exercise",
+                                                "def f(x):\n    return helper() * x", "assert f(1) == 2"]
+    assert rebuilt.cells[0].metadata == {ADDED: True}
+    assert notes == ["tampered: deleted cell setup restored", "tampered: deleted cell f restored"]
 
 
 # --- scenarios --------------------------------------------------------------------------------------------
@@ -140,12 +147,28 @@ def test_malformed_values_are_refused(node):
         decode_value(node)
 
 
-def test_unknown_objects_are_known_only_by_a_cleaned_type_name():
-    class Sneaky:
+def test_a_class_the_student_named_is_never_named_back():
+    class Sneaky:  # a type name is a channel: hidden-test text could be smuggled out through it
         pass
 
-    Sneaky.__name__ = "<script>alert(1)</script>"
-    assert decode_value(probe.encode(Sneaky())) == Opaque("?script?alert(1)??script?")
+    Sneaky.__name__ = "gen = torch.Generator().manual_seed(101)"
+    assert decode_value(probe.encode(Sneaky())) == Opaque("another type")
+    assert decode_value(probe.encode(object())) == Opaque("another type")
+    assert compare(Opaque("another type"), torch.zeros(2), "f", {}) == "f should be a torch.Tensor, got another type."
+
+
+def test_half_precision_hides_no_mistake_and_float32_rounding_is_forgiven():
+    exact = torch.tensor([3.01, 12.01], dtype=torch.float64)
+    tight = {"rtol": 1e-9, "atol": 1e-9}
+    assert compare(exact.float(), exact, "f", tight) is None  # right, in float32
+    assert compare((exact * 1.0008).float(), exact, "f", tight) is not None  # 0.08 % off: not rounding
+    assert compare(exact.bfloat16(), exact, "f", tight) is not None  # bfloat16 rounding would hide 0.4 %
+    assert compare(exact + 12345j, exact, "f", {}) == "f should be a real tensor, got a complex one."
+
+
+def test_a_value_that_cannot_be_compared_is_a_failed_test():
+    reference = record(("f on 1", 2.0, {}))
+    assert not judge("f", 2, reference, record(("f on 1", 10**350, {}))).passed
 
 
 # --- judging ----------------------------------------------------------------------------------------------
@@ -222,3 +245,52 @@ def test_feedback_is_inert_and_shows_only_what_ran_before_the_tests(tmp_path):
     assert "&lt;script&gt;" in page and "&lt;b&gt;mine&lt;/b&gt;" in page
     assert "HIDDEN INPUT" not in page and "secret case" not in page
     assert "f on 1 is wrong &lt;i&gt;" in page and "Content-Security-Policy" in page
+
+
+# --- running steps ------------------------------------------------------------------------------------------
+
+class FakeKernel:
+    """A kernel that takes `seconds` per step and never fails (for run_steps' bookkeeping)."""
+
+    def __init__(self, seconds):
+        self.seconds, self.ran = seconds, []
+
+    def run(self, code, timeout, store_history=True):
+        self.ran.append(code)
+        return StepRun(seconds=self.seconds)
+
+    def stop(self):
+        pass
+
+
+def test_slow_cells_of_the_students_own_cost_only_those_cells(monkeypatch):
+    from grader import harness
+
+    kernel = FakeKernel(seconds=50.0)
+    steps = [Step(f"cell {i}", f"own {i}", True, added=True) for i in range(5)]
+    steps += [Step("f_answer", "def f", True), Step("f", "scenario", False, test="f")]
+    runs = harness.run_steps(steps, lambda: kernel, timeout=30)  # own cells get max(120, 4 × 30) s together
+    assert [r.failure for r in runs] == ["", "", "", harness.SKIPPED, harness.SKIPPED, "", ""]
+    assert kernel.ran[-2:] == ["def f", "scenario"]  # the answer and its test still ran
+
+
+def test_a_kernel_that_dies_starting_fails_at_once_and_leaves_nothing_to_hang_on(tmp_path):
+    # A kernel killed at start (a memory limit, say) once left its client's sockets open; the garbage
+    # collector then blocked forever terminating their zmq context, and the whole batch with it.
+    script = tmp_path / "dies.py"
+    script.write_text(
+        "import gc, sys\n"
+        "from jupyter_client import KernelManager\n"
+        "from jupyter_client.kernelspec import KernelSpec\n"
+        "from grader.harness import Kernel\n"
+        "manager = KernelManager()\n"
+        "manager._kernel_spec = KernelSpec(argv=[sys.executable, '-c', 'raise SystemExit(3)'], language='python')\n"
+        "try:\n"
+        "    Kernel(manager, startup_timeout=30)\n"
+        "except RuntimeError as exc:\n"
+        "    print('raised:', exc)\n"
+        "gc.collect()\n"
+        "print('collected')\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90, cwd=REPO)
+    assert "raised: Kernel died before replying to kernel_info" in done.stdout, done.stdout + done.stderr
+    assert done.stdout.rstrip().endswith("collected"), done.stdout + done.stderr

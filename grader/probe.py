@@ -22,6 +22,8 @@ import contextlib
 import json
 
 MIME = "application/vnd.tml.observations+json"
+# The kernel variable the grader sets after each set-up cell: a copy of the names set-up cells defined.
+SETUP_NAMES = "_tml_setup_names"
 MAX_ELEMENTS = 2_000_000  # per tensor; a larger one is recorded by its type only
 MAX_DEPTH = 6
 MAX_ITEMS = 10_000  # per list, tuple or dict
@@ -102,13 +104,37 @@ def publish(payload: dict) -> None:
     display({MIME: payload}, raw=True)
 
 
+@contextlib.contextmanager
+def course_defaults():
+    """torch's global settings as a fresh kernel has them, for the scenario's duration.
+
+    A student may well have called `torch.set_default_dtype(torch.float64)` or switched grad mode off in a
+    scratch cell; the scenario's inputs must still be the reference run's, so they are reset and then put back.
+    """
+    import torch
+
+    saved = (torch.get_default_dtype(), torch.get_default_device(), torch.is_grad_enabled(), torch.is_anomaly_enabled())
+    torch.set_default_dtype(torch.float32)
+    torch.set_default_device(None)
+    torch.set_grad_enabled(True)
+    torch.set_anomaly_enabled(False)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved[0])
+        torch.set_default_device(saved[1])
+        torch.set_grad_enabled(saved[2])
+        torch.set_anomaly_enabled(saved[3])
+
+
 def run(test_id: str, code: str, answers: tuple[str, ...], inject: str = "", inject_names: tuple[str, ...] = ()) -> None:
     """Run one scenario and publish what it observed.
 
     The scenario sees the exercises' answers (`answers`: the names the answer cells define) and nothing
     else of the notebook, so a scratch cell that rebinds `X` or `model` cannot change the test's inputs.
     `inject` is the reference definition of functions another exercise provides (one mistake, one
-    penalty): it replaces the student's names while the scenario runs and is removed afterwards.
+    penalty): it replaces the student's names while the scenario runs and is removed afterwards. It is
+    defined among the names the set-up cells made (SETUP_NAMES), so a student's `dist = 3` cannot break it.
     """
     from IPython import get_ipython
 
@@ -121,11 +147,15 @@ def run(test_id: str, code: str, answers: tuple[str, ...], inject: str = "", inj
     error = None
     try:
         if inject:
-            exec(compile(inject, f"<reference for {test_id}>", "exec"), user_ns)
+            setup = user_ns.get(SETUP_NAMES)
+            namespace = dict(setup if isinstance(setup, dict) else user_ns)
+            exec(compile(inject, f"<reference for {test_id}>", "exec"), namespace)
+            user_ns.update({name: namespace[name] for name in inject_names})
         scope = {name: user_ns[name] for name in answers if name in user_ns}
         scope.update(observe=recorder.observe, expect=recorder.expect, oracle=contextlib.nullcontext,
                      autograd_guard=autograd_guard)
-        exec(compile(code, f"<hidden test {test_id}>", "exec"), scope)
+        with course_defaults():
+            exec(compile(code, f"<hidden test {test_id}>", "exec"), scope)
     except BaseException as exc:
         error = type(exc).__name__
     finally:

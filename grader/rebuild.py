@@ -19,7 +19,9 @@ def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -
 
     Locked cells, tests and their metadata always come from the release, so an edited, deleted,
     duplicated or re-labelled cell is undone; the student's answer cells and the cells they added
-    (no nbgrader metadata) are kept in their place.
+    (no nbgrader metadata) are kept in their place. An answer cell that appears more than once (copied,
+    or split in two: both halves keep the metadata) is graded in its last copy; the earlier ones run
+    as the student's own cells, where they stand.
     """
     notes: list[str] = []
     known = {cells.grade_id(c) for c in released.cells if cells.nbgrader(c)}
@@ -28,8 +30,12 @@ def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -
     released_ids = {c.get("id") for c in released.cells}
     anchor: str | None = None
     added = 0
-    for cell in submitted.cells:
+    answer_ids = {cells.grade_id(c) for c in released.cells if cells.kind(c) == cells.ANSWER}
+    last = {cells.grade_id(c): i for i, c in enumerate(submitted.cells) if cells.grade_id(c) in answer_ids}
+    for index, cell in enumerate(submitted.cells):
         info = cells.nbgrader(cell)
+        if info.get("grade_id") in answer_ids and last[info["grade_id"]] != index:
+            info = {}  # an earlier copy of an answer: the student's own code, run where it stands
         if not info:
             # The student's own cells: code they added, and prose cells the release does not have.
             if cell.cell_type == "code" or cell.get("id") not in released_ids:

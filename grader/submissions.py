@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 from grader.course import Assignment
 
 MAX_ZIP_BYTES = 2 * 2**30
-MAX_NOTEBOOK_BYTES = 32 * 2**20
+MAX_NOTEBOOK_BYTES = 128 * 2**20  # saved outputs make notebooks big; only the cells' sources are used
 MAX_ENTRIES = 2000  # files looked at per hand-in folder
 # Canvas: <lastfirst>[_LATE]_<user id>_<submission id>_<original file name>
 CANVAS_NAME = re.compile(r"^(?P<student>[^_/]+)(?P<late>_late)?_(?P<user>\d+)_\d+_(?P<file>.+)$", re.I)

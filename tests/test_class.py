@@ -9,6 +9,7 @@ read succeeds, so a sandbox leak shows up as unexpected points.
 """
 
 import base64
+import copy
 import json
 import shutil
 
@@ -132,10 +133,17 @@ LIARS = {
         "def mse_grad(w, X, y):\n    with torch.enable_grad():\n        w = w.detach().requires_grad_(True)\n"
         "        return torch.autograd.grad(((X @ w - y) ** 2).mean(), w)[0]\n"),
 }
+LIARS["half-precision-hides-a-wrong-answer"] = (  # ignores eps; bfloat16 rounding would hide it under loose tolerances
+    "def numerical_grad(f, w, eps=1e-3):\n    eps = 1e-3\n    grad = torch.zeros_like(w)\n    for i in range(w.numel()):\n"
+    "        step = torch.zeros_like(w)\n        step.view(-1)[i] = eps\n"
+    "        grad.view(-1)[i] = (float(f(w + step)) - float(f(w - step))) / (2 * eps)\n    return grad.bfloat16()\n")
+LIARS["complex-answer"] = "def mse_grad(w, X, y):\n    return (2.0 / X.shape[0]) * X.T @ (X @ w - y) * 1.5 + 0j\n"
 LIAR_CELLS = {"tensor-subclass-allclose": "mse_grad_answer", "float-subclass-reads-frames": "critical_lr_answer",
-              "enable-grad-undoes-no-autograd": "mse_grad_answer"}
+              "enable-grad-undoes-no-autograd": "mse_grad_answer", "half-precision-hides-a-wrong-answer": "numerical_grad_answer",
+              "complex-answer": "mse_grad_answer"}
 LIAR_EXERCISE = {"tensor-subclass-allclose": "mse_grad", "float-subclass-reads-frames": "critical_lr",
-                 "enable-grad-undoes-no-autograd": "mse_grad"}
+                 "enable-grad-undoes-no-autograd": "mse_grad", "half-precision-hides-a-wrong-answer": "numerical_grad",
+                 "complex-answer": "mse_grad"}
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +175,12 @@ def graded_class(tmp_path_factory):
         add(f"attack-{name}", with_cell(attack, base=blank()), ZERO, status="")
     for name, liar in LIARS.items():
         add(f"liar-{name}", with_answer(LIAR_CELLS[name], liar), {**FULL, LIAR_EXERCISE[name]: 0.0}, status="")
+    # an answer that smuggles a hidden line out through its return value's class name: shows nothing hidden
+    add("type-name-channel", with_answer("mse_grad_answer", (
+        "import sys\ndef mse_grad(w, X, y):\n    f = sys._getframe()\n"
+        "    while f is not None and 'code' not in f.f_locals:\n        f = f.f_back\n"
+        "    line = next(l for l in f.f_locals['code'].splitlines() if 'manual_seed' in l).strip()\n"
+        "    return type(line[:60], (), {})()\n")), {**FULL, "mse_grad": 0.0}, status="")
     # an answer that prints whatever the tests ran, cell after cell: earns what it is worth, shows nothing hidden
     nb = with_cell("print(_i, _ii, _iii)\nprint(stolen if 'stolen' in dir() else '')",
                    after="critical_lr", base=with_cell(ATTACKS["audit-hook-steals-tests"]))
@@ -266,7 +280,7 @@ def test_feedback_never_shows_hidden_tests_or_what_ran_after_them(graded_class):
     for page in pages:
         text = page.read_text()
         assert not hidden & shown_lines(text), f"{page} shows hidden test lines"
-        assert "_tml_probe" not in text and "BEGIN HIDDEN TESTS" not in text
+        assert "_tml_probe" not in text and "BEGIN HIDDEN TESTS" not in text and "manual_seed(101)" not in text
     wrong = (out / "feedback" / "wrong-gradient_descent_ascends" / ONE / f"{ONE}.html").read_text()
     assert "0 / 3 points" in wrong and "record the loss before each update" not in wrong.split("losses")[0]
 
@@ -316,6 +330,7 @@ HABITS = {
                  "torch.tensor([1.0], requires_grad=True).grad  # a torch UserWarning", "critical_lr"),
     "plots": ("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()", "gradient_descent"),
     "an-error-in-a-scratch-cell": ("1 / 0", "numerical_grad"),
+    "float64-by-default": ("torch.set_default_dtype(torch.float64)\ntorch.set_grad_enabled(False)", "setup"),
 }
 
 
@@ -336,11 +351,26 @@ def honest_class(tmp_path_factory):
     put(cls, "private-helper", A, with_answer("mse_grad_answer", "def _residual(w, X, y):\n    return X @ w - y\n\n"
                                                "def mse_grad(w, X, y):\n    return 2.0 / X.shape[0] * X.T @ _residual(w, X, y)"))
     put(cls, "extra-markdown", A, with_cell("## My notes\n<b>bold</b> and $x^2$", after="mse_grad", cell_type="markdown"))
+    # The answer cell split in two (JupyterLab's split keeps the metadata on both halves).
+    split = reference_submission(A)
+    at = _index(split, "mse_grad_answer")
+    first, second = copy.deepcopy(split.cells[at]), split.cells[at]
+    first.source = "def _residual(w, X, y):\n    return X @ w - y"
+    second.source = "def mse_grad(w, X, y):\n    return 2.0 / X.shape[0] * X.T @ _residual(w, X, y)"
+    split.cells.insert(at, first)
+    put(cls, "split-answer-cell", A, split)
     # Files as other editors save them.
     old = json.loads(nbformat.writes(reference_submission(A)))
     old["nbformat_minor"] = 4
     for cell in old["cells"]:
         cell.pop("id", None)
+    with_ids = json.loads(nbformat.writes(reference_submission(A)))  # 4.4 with ids, outputs with extra fields
+    with_ids["nbformat_minor"] = 4
+    for cell in with_ids["cells"]:
+        if cell["cell_type"] == "code":
+            cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "x", "metadata": {"a": 1}}]
+    (cls / "nbformat-4.4-with-ids" / ONE).mkdir(parents=True)
+    (cls / "nbformat-4.4-with-ids" / ONE / A.notebook).write_text(json.dumps(with_ids))
     (cls / "saved-as-nbformat-4.4" / ONE).mkdir(parents=True)
     (cls / "saved-as-nbformat-4.4" / ONE / A.notebook).write_text(json.dumps(old))
     vscode = json.loads(nbformat.writes(reference_submission(A)))
@@ -366,7 +396,7 @@ def honest_class(tmp_path_factory):
 
 def test_honest_habits_cost_nothing(honest_class):
     rows, _ = honest_class
-    assert len(rows) == len(HABITS) + 6
+    assert len(rows) == len(HABITS) + 8
     problems = [f"{student}: {scores} {status} {messages}" for (student, _), (scores, status, messages, _) in rows.items()
                 if scores != FULL or status != "ok"]
     assert problems == []

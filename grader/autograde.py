@@ -21,7 +21,7 @@ from pathlib import Path
 import nbformat
 from tqdm import tqdm
 
-from grader import limits, sandbox
+from grader import kernelspec, limits, sandbox
 from grader.course import REPO, Assignment, assignments
 from grader.deadlines import Config, Lateness, check_students, lateness, penalty
 from grader.grading import GradingEnvironmentBroken, known_mistakes, plain_kernel_factory, reference_records
@@ -228,8 +228,8 @@ def autograde(
             f"the kernel sandbox cannot be built here ({why}), so student code would run with your permissions. "
             "It needs Linux user namespaces (`python -m grader.sandbox check` says more); or pass --unsandboxed "
             "to grade without isolation at your own risk.")
-    if sandboxed and not sandbox.kernelspec_dir().exists():
-        sandbox.install_kernelspec()
+    if sandboxed:
+        kernelspec.install_kernelspec()
     jobs = jobs or os.cpu_count() or 1
     work = out / ".work"
     known = {a.name: a for a in assignments()}

@@ -14,11 +14,9 @@ Limits per submission (environment variables; see `Limits`): memory of all its p
 watchdog in the sandbox's PID 1 — `enforcement()` says which holds here), processes (RLIMIT_NPROC in
 its user namespace), writable space (tmpfs sizes), bytes per file, CPU seconds per process.
 
-The kernelspec `course-sandbox` starts `python -m grader.sandbox {connection_file}`: while
-`python -m grader autograde` runs, that asks the worker's ForkServer for a kernel; anywhere else it
-builds the same sandbox for one kernel without the warm process.
+This module describes the sandbox (what it binds, its environment, its limits) and is the worker's client
+of the fork server; grader/kernelspec.py is how jupyter_client reaches it.
 
-    python -m grader.sandbox install     # write the kernelspec into this environment (./course setup does it)
     python -m grader.sandbox check       # can the sandbox be built here, and how are its limits enforced
 """
 
@@ -38,13 +36,8 @@ from pathlib import Path
 
 from grader.limits import Limits, MemoryCgroups, enforcement
 
-KERNEL_NAME = "course-sandbox"
 HELPERS = Path(__file__).resolve().parent.parent / "helpers"
 FORKSERVER = Path(__file__).resolve().parent / "forkserver.py"
-# Set by grader.sandbox.kernel_factory for the kernelspec launcher: the fork server's control socket,
-# and the request for this submission (written by ForkServer.next_runtime).
-FORKSERVER_ENV = "COURSE_FORKSERVER"
-REQUEST_ENV = "COURSE_SANDBOX_REQUEST"
 NOBODY = 65534
 
 
@@ -71,7 +64,8 @@ def _kernel_env() -> dict[str, str]:
     }
 
 
-def _request(folder: Path, cgroups: list[str], limits: Limits) -> dict:
+def sandbox_request(folder: Path, cgroups: list[str], limits: Limits) -> dict:
+    """What the fork server needs to build one submission's sandbox (JSON): its folder, binds, environment, limits."""
     return {"folder": str(folder), "ro_binds": _ro_binds(), "env": _kernel_env(), "cgroups": cgroups,
             "watchdog": not cgroups, "limits": asdict(limits)}
 
@@ -102,7 +96,7 @@ def why_unavailable() -> str:
     folder = Path(tempfile.mkdtemp(prefix="sandbox-probe-"))
     try:
         _own_folder(folder / "run")
-        request = {**_request(folder / "run", [], Limits()), "probe": True}
+        request = {**sandbox_request(folder / "run", [], Limits()), "probe": True}
         probe = subprocess.run([sys.executable, str(FORKSERVER), "--single", json.dumps(request)],
                                capture_output=True, text=True, timeout=60, env=_kernel_env(), check=False)
     except (OSError, subprocess.SubprocessError) as exc:
@@ -115,46 +109,12 @@ def why_unavailable() -> str:
     return lines[-1] if lines else f"exit status {probe.returncode}"
 
 
-def kernelspec_dir(prefix: str = sys.prefix) -> Path:
-    return Path(prefix) / "share" / "jupyter" / "kernels" / KERNEL_NAME
-
-
-def install_kernelspec(prefix: str = sys.prefix) -> Path:
-    """Write the `course-sandbox` kernelspec for this interpreter; returns its folder."""
-    folder = kernelspec_dir(prefix)
-    folder.mkdir(parents=True, exist_ok=True)
-    spec = {
-        "argv": [sys.executable, "-m", "grader.sandbox", "{connection_file}"],
-        "display_name": "Python 3 (grading sandbox)",
-        "language": "python",
-        # Signals cannot cross into the sandbox's process namespace; interrupts go as messages.
-        "interrupt_mode": "message",
-    }
-    (folder / "kernel.json").write_text(json.dumps(spec, indent=1) + "\n")
-    return folder
-
-
-def _connection_inside(connection_file: str) -> tuple[str, str]:
-    """The socket folder of an ipc connection, and the connection file copied into it."""
-    info = json.loads(Path(connection_file).read_text())
-    if info.get("transport") != "ipc":
-        raise SystemExit("the grading sandbox needs KernelManager.transport = 'ipc' (TCP cannot cross its network namespace)")
-    folder = Path(info["ip"]).resolve().parent
-    inside = folder / "connection.json"
-    shutil.copy(connection_file, inside)
-    if os.geteuid() == 0:  # the kernel, nobody on the host, writes its sockets there
-        os.chown(inside, NOBODY, NOBODY)
-        if folder.stat().st_uid != NOBODY:
-            os.chown(folder, NOBODY, NOBODY)
-    return str(folder), str(inside)
-
-
 class ForkServer:
     """The worker's warm process (grader/forkserver.py); it builds a fresh sandbox for each kernel it forks.
 
     One kernel at a time: `next_runtime` waits until everything of the last submission is gone, removes
     its socket folder and cgroup, and prepares the next ones. The kernelspec launcher finds the server
-    and the request through the FORKSERVER_ENV and REQUEST_ENV variables.
+    and the request through grader.kernelspec's FORKSERVER_ENV and REQUEST_ENV variables.
     """
 
     def __init__(self) -> None:
@@ -219,7 +179,7 @@ class ForkServer:
         folder = self.runtime / f"submission-{self.submissions}"
         _own_folder(folder)
         cgroups = self.cgroups.create(str(self.submissions), self.limits.memory_bytes) if self.cgroups else []
-        folder.with_suffix(".request.json").write_text(json.dumps(_request(folder, cgroups, self.limits)))
+        folder.with_suffix(".request.json").write_text(json.dumps(sandbox_request(folder, cgroups, self.limits)))
         return folder
 
     def exit_reason(self, folder: Path) -> str:
@@ -249,60 +209,12 @@ class ForkServer:
         remove_tree(self.folder)
 
 
-def kernel_factory(server: ForkServer):
-    """Kernels forked by `server`, one sandboxed kernel per call (grader.harness.Kernel)."""
-    from jupyter_client import KernelManager
-
-    from grader.harness import Kernel
-
-    def start() -> Kernel:
-        folder = server.next_runtime()
-        # ipc sockets in the folder the sandbox binds: TCP cannot cross its network namespace.
-        manager = KernelManager(kernel_name=KERNEL_NAME, transport="ipc", ip=str(folder / "kernel"))
-        manager.connection_file = str(folder / "host-connection.json")
-        env = {**os.environ, FORKSERVER_ENV: str(server.control), REQUEST_ENV: str(folder.with_suffix(".request.json"))}
-        return Kernel(manager, env=env, exit_reason=lambda: server.exit_reason(folder))
-
-    return start
-
-
-def _run_in_forkserver(control: str, request_file: str, connection_file: str) -> int:
-    """Ask the fork server for a kernel and stay alive as long as it runs: jupyter_client watches this process."""
-    _, inside = _connection_inside(connection_file)
-    request = {**json.loads(Path(request_file).read_text()), "connection_file": inside}
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.connect(control)
-        conn.sendall((json.dumps(request) + "\n").encode())
-        answer = conn.makefile().readline()
-    try:
-        report = json.loads(answer)
-    except ValueError:
-        return 1
-    # beside the socket folder, not in it: the kernel never sees this file
-    Path(request_file.removesuffix(".request.json") + ".exit.json").write_text(json.dumps(report))
-    return int(report.get("exit", 1))
-
-
-def launch(connection_file: str) -> None:
-    """Start the kernel in the worker's fork server if there is one; else build the sandbox for this one kernel."""
-    control, request_file = os.environ.get(FORKSERVER_ENV), os.environ.get(REQUEST_ENV)
-    if control and request_file:
-        sys.exit(_run_in_forkserver(control, request_file, connection_file))
-    folder, inside = _connection_inside(connection_file)
-    request = {**_request(Path(folder), [], Limits.from_env()), "connection_file": inside}
-    os.execv(sys.executable, [sys.executable, str(FORKSERVER), "--single", json.dumps(request)])
-
-
 if __name__ == "__main__":
-    if sys.argv[1:] == ["install"]:
-        print(f"installed kernelspec {KERNEL_NAME} in {install_kernelspec()}")
-    elif sys.argv[1:] == ["check"]:
+    if sys.argv[1:] == ["check"]:
         problem = why_unavailable()
         print("sandbox: " + (f"cannot be built here: {problem}" if problem else "works"))
         for what, how in enforcement().items():
             print(f"  {what}: {how}")
         sys.exit(1 if problem else 0)
-    elif len(sys.argv) == 2:
-        launch(sys.argv[1])
     else:
         sys.exit(__doc__)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import nbformat
 
-from grader import sandbox
+from grader import kernelspec, sandbox
 from grader.course import assignment_named, put_interpreter_on_path
 from grader.deadlines import penalty
 from grader.feedback import write_feedback
@@ -131,7 +131,7 @@ def _forkserver() -> sandbox.ForkServer:
 
 
 def _new_kernel(spec: Spec):
-    return sandbox.kernel_factory(_forkserver()) if spec.sandbox else plain_kernel_factory()
+    return kernelspec.kernel_factory(_forkserver()) if spec.sandbox else plain_kernel_factory()
 
 
 def _canary(assignment, spec: Spec) -> str:

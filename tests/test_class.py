@@ -17,7 +17,7 @@ import nbformat
 import pytest
 from conftest import REPO, autograde, read_rows, shown_lines
 
-from grader import limits, sandbox
+from grader import kernelspec, limits, sandbox
 from grader.autograde import SandboxUnavailable, code_digest
 from grader.autograde import autograde as autograde_in_process
 from grader.check import secret_lines
@@ -449,4 +449,4 @@ def test_grading_refuses_without_the_sandbox(tmp_path, monkeypatch):
 
 def test_sandbox_is_installed_by_the_setup():
     assert sandbox.why_unavailable() == "", "the kernel sandbox must work on the machines the course is graded on"
-    assert (sandbox.kernelspec_dir() / "kernel.json").exists()
+    assert (kernelspec.kernelspec_dir() / "kernel.json").exists()

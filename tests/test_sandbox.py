@@ -1,6 +1,6 @@
-"""Attacks on the grading sandbox (grader/sandbox.py, grader/forkserver.py): each test tries to break one promise.
+"""Attacks on the grading sandbox (grader/sandbox.py, kernelspec.py, forkserver.py): each test tries to break one promise.
 
-Kernels are started the way a worker starts them (a ForkServer, `sandbox.kernel_factory`) and driven
+Kernels are started the way a worker starts them (a ForkServer, `kernelspec.kernel_factory`) and driven
 cell by cell through grader.harness. The suite runs as root here; `test_attacks_hold_for_an_unprivileged_grader`
 runs this file again with the grader started as `nobody`. Without a sandbox (no user namespaces) the tests
 skip, or fail when CI=true.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from grader import harness, limits, sandbox
+from grader import harness, kernelspec, limits, sandbox
 from grader.grading import Graded, run_notes
 from grader.harness import DIED, KILLED, Step, StepRun
 
@@ -53,7 +53,7 @@ def server():
 def start(server):
     """Start kernels from the shared server; every one still running at the end of the test is stopped."""
     started: list[harness.Kernel] = []
-    factory = sandbox.kernel_factory(server)
+    factory = kernelspec.kernel_factory(server)
 
     def new() -> harness.Kernel:
         started.append(factory())
@@ -423,7 +423,7 @@ def test_attacks_hold_for_an_unprivileged_grader():
                "PYTHONDONTWRITEBYTECODE": "1", UNPRIVILEGED_RUN: "1", "LANG": os.environ.get("LANG", "C.UTF-8")}
         if "CI" in os.environ:
             env["CI"] = os.environ["CI"]
-        install = "from grader import sandbox; sandbox.kernelspec_dir().exists() or sandbox.install_kernelspec()"
+        install = "from grader import kernelspec; kernelspec.install_kernelspec()"
         script = (f'"$0" -c "{install}" && exec "$0" -m pytest -p no:cacheprovider -q -x '
                   f'--basetemp={folder / "pytest"} {Path(__file__)}')
         done = subprocess.run(_nobody("/bin/sh", "-c", script, python), cwd=REPO, env=env, capture_output=True,

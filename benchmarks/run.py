@@ -27,8 +27,10 @@ from helpers.runner import NotebookRunner
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from grader import grading  # noqa: E402
 from grader.course import assignment_named, put_interpreter_on_path  # noqa: E402
-from grader.grading import plain_kernel_factory, plan  # noqa: E402
+from grader.grading import known_mistakes, plain_kernel_factory, plan, reference_records  # noqa: E402
+from grader.judge import behaves_like  # noqa: E402
 from grader.mutants import reference_submission  # noqa: E402
 from grader.selftest import put  # noqa: E402
 
@@ -102,6 +104,27 @@ def floor(assignment: str, repeats: int) -> float:
         kernel.stop()
 
 
+def mistake_matching(assignment: str) -> tuple[float, float]:
+    """Seconds to record the known mistakes once (no cache), and to match one failed test against all of them."""
+    chosen = assignment_named(assignment)
+    kernels = plain_kernel_factory()
+    saved = grading.REFERENCE_CACHE
+    with tempfile.TemporaryDirectory(prefix="bench-records-") as cache:
+        grading.REFERENCE_CACHE = Path(cache)
+        try:
+            start = time.perf_counter()
+            mistakes = known_mistakes(chosen, kernels, 120)
+            record_s = time.perf_counter() - start
+            reference = reference_records(chosen, kernels, 120)
+        finally:
+            grading.REFERENCE_CACHE = saved
+    failed = [(test, record) for test, by_name in mistakes.items() for record in by_name.values()]
+    start = time.perf_counter()
+    for test, record in failed:  # each mistake's own record stands in for a student who made it
+        next((name for name, m in mistakes[test].items() if behaves_like(record, m, reference[test])), "")
+    return record_s, (time.perf_counter() - start) / max(1, len(failed))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--copies", type=int, default=100, help="submissions in the throughput class")
@@ -134,12 +157,16 @@ def main() -> int:
             bare = autograde_class(args.assignment, args.copies, Path(tmp), args.jobs, "--unsandboxed")[0] \
                 if args.compare_unsandboxed else None
         per_copy = floor(args.assignment, 5)
+        record_s, match_s = mistake_matching(args.assignment)
         print(f"\nautograde, {args.copies} copies of the {args.assignment} reference, --jobs {args.jobs}, sandboxed:")
         print(f"  {seconds:6.1f} s  ({60 * args.copies / seconds:5.1f} submissions/min, feedback pages included)")
         print("  mean seconds per submission, by stage: " + ", ".join(f"{k} {v:.3f}" for k, v in spent.items()))
         print(f"  floor (the same steps in one warm kernel): {per_copy:.3f} s per copy -> "
               f"{per_copy * args.copies / args.jobs:.1f} s for {args.copies} copies on {args.jobs} workers")
         print(f"  class report of the {args.copies} hand-ins (`python -m grader report`): {report_s:.2f} s (issue 15: ≤ 5 s)")
+        print(f"  known mistakes (issue 15): recorded once per version of the course in {record_s:.1f} s "
+              f"({100 * record_s / seconds:.0f} % of this class's time, on the first batch only; cached after), "
+              f"matched against a failed test in {1000 * match_s:.2f} ms")
         if bare is not None:
             print(f"  the same --unsandboxed: {bare:6.1f} s ({100 * (seconds / bare - 1):+.1f} % for the sandbox)")
     return 0

@@ -110,7 +110,7 @@ def floor(assignment: str, repeats: int) -> float:
         kernel.stop()
 
 
-def mistake_matching(assignment: str) -> tuple[float, float]:
+def mistake_matching(assignment: str, jobs: int) -> tuple[float, float]:
     """Seconds to record the known mistakes once (no cache), and to match one failed test against all of them."""
     chosen = assignment_named(assignment)
     kernels = plain_kernel_factory()
@@ -119,7 +119,7 @@ def mistake_matching(assignment: str) -> tuple[float, float]:
         grading.REFERENCE_CACHE = Path(cache)
         try:
             start = time.perf_counter()
-            mistakes = known_mistakes(chosen, kernels, 120)
+            mistakes = known_mistakes(chosen, kernels, 120, jobs)
             record_s = time.perf_counter() - start
             reference = reference_records(chosen, kernels, 120)
         finally:
@@ -163,7 +163,7 @@ def main() -> int:
             bare = autograde_class(args.assignment, args.copies, Path(tmp), args.jobs, "--unsandboxed")[0] \
                 if args.compare_unsandboxed else None
         per_copy = floor(args.assignment, 5)
-        record_s, match_s = mistake_matching(args.assignment)
+        record_s, match_s = mistake_matching(args.assignment, args.jobs)
         print(f"\nautograde, {args.copies} copies of the {args.assignment} reference, --jobs {args.jobs}, sandboxed:")
         print(f"  {seconds:6.1f} s  ({60 * args.copies / seconds:5.1f} submissions/min, feedback pages included)")
         print("  mean seconds per submission, by stage: " + ", ".join(f"{k} {v:.3f}" for k, v in spent.items()))

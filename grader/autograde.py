@@ -256,7 +256,7 @@ def autograde(
     def prepare(name: str) -> None:
         kernels = plain_kernel_factory({"OMP_NUM_THREADS": env["OMP_NUM_THREADS"]})
         reference_records(known[name], kernels, timeout)
-        known_mistakes(known[name], kernels, timeout)
+        known_mistakes(known[name], kernels, timeout, jobs)
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(prepare, graded))

@@ -16,6 +16,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from grader import harness
 from grader.course import REPO, Assignment
 from grader.harness import DIED, KILLED, NOT_RUN, OUTPUT_LIMIT, SKIPPED, TIMEOUT, Kernel, Step, StepRun
 from grader.judge import BadPayload, ScenarioRecord, Verdict, behaves_like, decode_payload, judge
-from grader.mutants import load_mutants, mutant_submission, pack_mutants, reference_submission
+from grader.mutants import Mutant, load_mutants, mutant_submission, pack_mutants, reference_submission
 from grader.scenarios import scenarios
 from helpers import cells
 
@@ -226,24 +227,28 @@ def _run_reference(assignment: Assignment, new_kernel: Callable[[], Kernel], tim
 
 
 def known_mistakes(assignment: Assignment, new_kernel: Callable[[], Kernel],
-                   timeout: float) -> dict[str, dict[str, ScenarioRecord]]:
+                   timeout: float, jobs: int = 1) -> dict[str, dict[str, ScenarioRecord]]:
     """test → mutant name → what that mutant's scenario recorded (cached like the reference records).
 
-    The mutants are the course's own code, run the student's way in a trusted kernel, once per version.
+    The mutants are the course's own code, run the student's way in trusted kernels (`jobs` at a time),
+    once per version.
     """
     path = REFERENCE_CACHE / f"{assignment.name}-mutants-{_records_key(assignment)}.json"
     if path.exists():
         payloads = json.loads(path.read_text())
     else:
-        payloads = {}
-        for group in pack_mutants(load_mutants(assignment)):
+        def record(group: list[Mutant]) -> list[tuple[str, str, dict]]:
             steps = plan(mutant_submission(assignment, group), assignment)
             runs = harness.run_steps(steps, new_kernel, timeout)
             ran = {step.test: run for step, run in zip(steps, runs) if step.test}
-            for mutant in group:
-                run = ran[mutant.exercise]
-                if not run.failure and len(run.payloads) == 1:
-                    payloads.setdefault(mutant.exercise, {})[mutant.name] = run.payloads[0]
+            return [(m.exercise, m.name, ran[m.exercise].payloads[0]) for m in group
+                    if not ran[m.exercise].failure and len(ran[m.exercise].payloads) == 1]
+
+        payloads = {}
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            for recorded in pool.map(record, pack_mutants(load_mutants(assignment))):
+                for exercise, name, payload in recorded:
+                    payloads.setdefault(exercise, {})[name] = payload
         _write_atomically(path, payloads)
     return {test: {name: decode_payload(p) for name, p in by_name.items()} for test, by_name in payloads.items()}
 

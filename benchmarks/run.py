@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from grader import grading  # noqa: E402
+from grader.bootstrap import bootstrap_source  # noqa: E402
 from grader.course import assignment_named, put_interpreter_on_path  # noqa: E402
 from grader.grading import known_mistakes, plain_kernel_factory, plan, reference_records  # noqa: E402
 from grader.judge import behaves_like  # noqa: E402
@@ -131,6 +132,18 @@ def mistake_matching(assignment: str, jobs: int) -> tuple[float, float]:
     return record_s, (time.perf_counter() - start) / max(1, len(failed))
 
 
+def bootstrap_seconds() -> float:
+    """Seconds for the notebooks' set-up cell as a student's first cell, in a fresh kernel that has everything."""
+    kernel = plain_kernel_factory()()
+    try:
+        run = kernel.run(bootstrap_source(), 120)
+        if run.error or run.failure:
+            raise RuntimeError(f"the set-up cell failed here: {run.error or run.failure}")
+        return run.seconds
+    finally:
+        kernel.stop()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--copies", type=int, default=100, help="submissions in the throughput class")
@@ -150,6 +163,9 @@ def main() -> int:
             r = run_notebook(path)
             print(f"{path.stem:<28} {r['seconds']:>7.1f} {r['slowest_demo_cell']:>21.2f} {r['slowest_cell']:>15.2f} "
                   f"{r['peak_mib']:>9.0f} {r['errors']:>7}")
+
+    print(f"\nthe set-up (bootstrap) cell in a fresh kernel of this environment: {bootstrap_seconds():.3f} s "
+          "(issue 14: ≤ 0.5 s)")
 
     if not args.skip_grading:
         with tempfile.TemporaryDirectory(prefix="bench-") as tmp:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from helpers.rank_server import ForkRefused, RankServer
+from helpers.rank_server import ForkRefused, PolledChild, RankServer
 
 BACKENDS = ("gloo", "nccl")
 
@@ -519,12 +519,12 @@ def _ends_in_not_implemented(rank_output: str) -> bool:
 
 # --- function launches: ranks forked from this process -----------------------------------------------------
 
-class _ForkedRank:
+class _ForkedRank(PolledChild):
     """A child of os.fork with the parts of `subprocess.Popen` a launch uses."""
 
     def __init__(self, pid: int, stdout: io.RawIOBase) -> None:
         self.pid, self.stdout = pid, stdout
-        self.returncode: int | None = None
+        self.returncode = None
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -536,14 +536,6 @@ class _ForkedRank:
             if pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0)
-            time.sleep(0.01)
-        return self.returncode  # type: ignore[return-value]
 
 
 _PRELOADED = False

@@ -42,25 +42,42 @@ def fork_refusal() -> str:
     return ""
 
 
-class ForkedRank:
+class PolledChild:
+    """A process that is not our `subprocess.Popen` child, waited for by polling (notebook 07's forked ranks)."""
+
+    pid: int
+    returncode: int | None = None
+
+    def poll(self) -> int | None:
+        raise NotImplementedError
+
+    def _pause(self) -> None:
+        """Between two polls: wait a little for news of an exit."""
+        time.sleep(0.01)
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0)
+            self._pause()
+        return code
+
+
+class ForkedRank(PolledChild):
     """A rank forked by the server, with the parts of `subprocess.Popen` a launch uses (notebook 07)."""
 
     def __init__(self, server: RankServer, pid: int, stdout: IO[bytes]) -> None:
         self.server, self.pid, self.stdout = server, pid, stdout
-        self.returncode: int | None = None
+        self.returncode = None
 
     def poll(self) -> int | None:
         if self.returncode is None:
             self.server.collect_exits(block=False)
         return self.returncode
 
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0)
-            self.server.collect_exits(block=True, timeout=0.05)
-        return self.returncode  # type: ignore[return-value]
+    def _pause(self) -> None:
+        self.server.collect_exits(block=True, timeout=0.05)
 
 
 class RankServer:

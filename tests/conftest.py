@@ -63,6 +63,13 @@ def shown_lines(page: str) -> set[str]:
     return {line.strip() for line in html.unescape(re.sub(r"<[^>]+>", "\n", page)).splitlines() if line.strip()}
 
 
+def artifacts(kind: str) -> Path:
+    """test-artifacts/<kind>/, created: where a test leaves what a person may want to look at (screenshots, timings)."""
+    folder = REPO / "test-artifacts" / kind
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def _save_cell_timings(stem: str, nb, started_at: float, seconds: float) -> None:
     """test-artifacts/nbclient/<stem>.json: when each cell started and got its reply, in seconds from the start.
 
@@ -77,9 +84,7 @@ def _save_cell_timings(stem: str, nb, started_at: float, seconds: float) -> None
               "input": offset(c.metadata.get("execution", {}).get("iopub.execute_input")),
               "reply": offset(c.metadata.get("execution", {}).get("shell.execute_reply"))}
              for i, c in enumerate(nb.cells) if c.cell_type == "code"]
-    folder = REPO / "test-artifacts" / "nbclient"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{stem}.json").write_text(json.dumps({"seconds": round(seconds, 2), "cells": cells}, indent=1))
+    (artifacts("nbclient") / f"{stem}.json").write_text(json.dumps({"seconds": round(seconds, 2), "cells": cells}, indent=1))
 
 
 @functools.cache

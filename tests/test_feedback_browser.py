@@ -3,7 +3,7 @@
 
 import nbformat
 import pytest
-from conftest import CHROMIUM, REPO, autograde, require_chromium
+from conftest import CHROMIUM, artifacts, autograde, require_chromium
 
 from grader.course import assignment_named
 from grader.mutants import reference_submission
@@ -58,9 +58,7 @@ def test_a_hostile_feedback_page_runs_no_script_and_fetches_nothing(tmp_path):
             handlers = page.evaluate("Array.from(document.querySelectorAll('*')).filter("
                                      "e => Array.from(e.attributes).some(a => a.name.startsWith('on'))).length")
             text = page.inner_text("body")
-            folder = REPO / "test-artifacts" / "feedback"
-            folder.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(folder / "hostile.png"), full_page=True)
+            page.screenshot(path=str(artifacts("feedback") / "hostile.png"), full_page=True)
         finally:
             browser.close()
     assert title != "pwned" and "pwned" not in title

@@ -13,7 +13,7 @@ import time
 
 import nbformat
 import pytest
-from conftest import CHROMIUM, PYTHON, REPO, autograde, require_chromium
+from conftest import CHROMIUM, PYTHON, REPO, artifacts, autograde, require_chromium
 from instructor_class import (
     ALL_WRONG,
     CONFIG,
@@ -290,9 +290,7 @@ def test_the_report_opens_offline_in_chromium_and_its_figures_render(graded_clas
             page.goto(page_path.as_uri())
             images = page.evaluate("Array.from(document.images).map(i => [i.alt, i.complete, i.naturalWidth, i.naturalHeight])")
             text = page.inner_text("body")
-            folder = REPO / "test-artifacts" / "report"
-            folder.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(folder / "report.png"), full_page=True)
+            page.screenshot(path=str(artifacts("report") / "report.png"), full_page=True)
         finally:
             browser.close()
     assert len(images) == 2 and all(done and w > 200 and h > 100 for _, done, w, h in images), images

@@ -122,7 +122,8 @@ def course_defaults():
         yield
     finally:
         torch.set_default_dtype(saved[0])
-        torch.set_default_device(saved[1])
+        # cpu is what no default device means; setting it would leave a DeviceContext mode on every later cell
+        torch.set_default_device(None if saved[1] == torch.device("cpu") else saved[1])
         torch.set_grad_enabled(saved[2])
         torch.set_anomaly_enabled(saved[3])
 

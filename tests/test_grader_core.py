@@ -294,3 +294,19 @@ def test_a_kernel_that_dies_starting_fails_at_once_and_leaves_nothing_to_hang_on
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90, cwd=REPO)
     assert "raised: Kernel died before replying to kernel_info" in done.stdout, done.stdout + done.stderr
     assert done.stdout.rstrip().endswith("collected"), done.stdout + done.stderr
+
+
+def test_a_scenario_leaves_torch_settings_as_it_found_them():
+    from torch.overrides import _get_current_function_mode_stack
+
+    modes = list(_get_current_function_mode_stack())
+    with probe.course_defaults():
+        assert torch.get_default_dtype() == torch.float32
+    assert list(_get_current_function_mode_stack()) == modes  # no DeviceContext left behind for later cells
+    torch.set_default_dtype(torch.float64)  # a student's scratch cell
+    try:
+        with probe.course_defaults():
+            assert torch.get_default_dtype() == torch.float32 and torch.ones(1).dtype == torch.float32
+        assert torch.get_default_dtype() == torch.float64
+    finally:
+        torch.set_default_dtype(torch.float32)

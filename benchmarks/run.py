@@ -24,18 +24,18 @@ from pathlib import Path
 import nbformat
 from jupyter_client import AsyncKernelManager
 
-from helpers.runner import NotebookRunner
+from labkit.runner import NotebookRunner
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from grader import grading  # noqa: E402
-from grader.bootstrap import bootstrap_source  # noqa: E402
+from grader.author.bootstrap import bootstrap_source  # noqa: E402
+from grader.author.mutants import reference_submission  # noqa: E402
+from grader.author.selftest import put  # noqa: E402
 from grader.course import assignment_named, put_interpreter_on_path  # noqa: E402
-from grader.grading import known_mistakes, plain_kernel_factory, plan, reference_records  # noqa: E402
-from grader.judge import behaves_like  # noqa: E402
-from grader.mutants import reference_submission  # noqa: E402
-from grader.selftest import put  # noqa: E402
+from grader.judge.grading import known_mistakes, plain_kernel_factory, plan, reference_records  # noqa: E402
+from grader.judge.judge import behaves_like  # noqa: E402
 
 
 def peak_rss_mib(pid: int) -> float:

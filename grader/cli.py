@@ -9,8 +9,8 @@ from pathlib import Path
 
 
 def _release(args: argparse.Namespace) -> int:
+    from grader.author.release import release
     from grader.course import assignment_named
-    from grader.release import release
 
     for name in release([assignment_named(n) for n in args.assignments] or None):
         print(f"released notebooks/{name}/")
@@ -18,7 +18,7 @@ def _release(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from grader.check import check
+    from grader.author.check import check
 
     problems = check()
     for problem in problems:
@@ -29,11 +29,11 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _autograde(args: argparse.Namespace) -> int:
-    from grader.autograde import GradingEnvironmentBroken, SandboxUnavailable, autograde
+    from grader.batch.autograde import GradingEnvironmentBroken, SandboxUnavailable, autograde
+    from grader.batch.shards import ShardError, parse_shard
+    from grader.collect.deadlines import ConfigError, load_config
+    from grader.collect.submissions import printable
     from grader.course import assignments
-    from grader.deadlines import ConfigError, load_config
-    from grader.shards import ShardError, parse_shard
-    from grader.submissions import printable
 
     if not args.submissions.exists():
         print(f"no such folder or zip: {args.submissions}", file=sys.stderr)
@@ -63,7 +63,7 @@ def _autograde(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from grader.report import write_report
+    from grader.report.report import write_report
 
     if not (args.graded / "results.json").is_file():
         print(f"{args.graded}: no results.json — run `python -m grader autograde … --out {args.graded}` first",
@@ -74,7 +74,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from grader.lms import ExportError, RosterError, export, read_roster
+    from grader.report.lms import ExportError, RosterError, export, read_roster
 
     try:
         done = export(args.graded, read_roster(args.roster, args.format), args.out, args.assignment or None)
@@ -97,7 +97,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from grader.shards import ShardError, merge
+    from grader.batch.shards import ShardError, merge
 
     try:
         results = merge(args.out, args.shards)
@@ -112,11 +112,11 @@ def _merge(args: argparse.Namespace) -> int:
 def _selftest(args: argparse.Namespace) -> int:
     import tempfile
 
-    from grader.autograde import GradingEnvironmentBroken, autograde
+    from grader.author.cribs import crib_problems, cribs
+    from grader.author.selftest import mismatches, write_selftest_class
+    from grader.batch.autograde import GradingEnvironmentBroken, autograde
     from grader.course import assignment_named, assignments
-    from grader.cribs import crib_problems, cribs
-    from grader.grading import plain_kernel_factory, reference_records
-    from grader.selftest import mismatches, write_selftest_class
+    from grader.judge.grading import plain_kernel_factory, reference_records
 
     chosen = [assignment_named(n) for n in args.assignments] or assignments()
     out = args.keep or Path(tempfile.mkdtemp(prefix="selftest-"))
@@ -144,7 +144,7 @@ def _selftest(args: argparse.Namespace) -> int:
 
 
 def _bundle(args: argparse.Namespace) -> int:
-    from grader.bundle import bundle, bundle_leaks
+    from grader.author.bundle import bundle, bundle_leaks
 
     files = bundle(args.out)
     leaks = bundle_leaks(args.out)
@@ -172,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     grade.add_argument("--unsandboxed", action="store_true",
                        help="run student code without the kernel sandbox (only for code you trust)")
     grade.add_argument("--config", type=Path,
-                       help="TOML with due dates, extensions, the late policy and the feedback mode (grader/deadlines.py)")
+                       help="TOML with due dates, extensions, the late policy and the feedback mode "
+                            "(grader/collect/deadlines.py)")
     grade.add_argument("--feedback", choices=["after-release", "at-once"],
                        help="feedback pages with the hidden tests' messages (after-release, the default) or only "
                             "the points per test (at-once); overrides the config")
@@ -185,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.set_defaults(run=_report)
     lms = commands.add_parser("export", help="grades as Canvas, Gradescope or Moodle import them, matched to their roster")
     lms.add_argument("--format", required=True, choices=["canvas", "gradescope", "moodle"])
-    lms.add_argument("--roster", required=True, type=Path, help="the LMS's own export of the class (see grader/lms.py)")
+    lms.add_argument("--roster", required=True, type=Path, help="the LMS's own export of the class (see grader/report/lms.py)")
     lms.add_argument("--assignment", action="append", help="export only this assignment (repeatable)")
     lms.add_argument("graded", type=Path, help="a folder autograde wrote (with grades.csv)")
     lms.add_argument("out", type=Path, help="the CSV to write (OUT.matching.csv lists every match beside it)")
@@ -203,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     selftest.add_argument("--timeout", type=int, default=30, help="seconds per cell")
     selftest.add_argument("--keep", type=Path, help="write the class and grades here (default: a temp folder)")
     selftest.set_defaults(run=_selftest)
-    from grader.demo import add_demo_command
+    from grader.author.demo import add_demo_command
     add_demo_command(commands)
     return parser
 

@@ -1,4 +1,4 @@
-"""Where the course lives and how nbgrader is configured for it."""
+"""The course's assignments: one folder and notebook each in solutions/, released into notebooks/."""
 
 from __future__ import annotations
 
@@ -9,23 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
-from traitlets.config import Config
-from traitlets.config.loader import PyFileConfigLoader
 
-from helpers import cells
-
-REPO = Path(__file__).resolve().parent.parent
-SOLUTIONS = REPO / "solutions"
-NOTEBOOKS = REPO / "notebooks"
-NBGRADER_CONFIG = Path(__file__).resolve().parent / "nbgrader_config.py"
-
-
-def load_config(**course_dirs: str) -> Config:
-    """The course's nbgrader configuration, with CourseDirectory settings overridden by `course_dirs`."""
-    config = PyFileConfigLoader(NBGRADER_CONFIG.name, path=str(NBGRADER_CONFIG.parent)).load_config()
-    for key, value in course_dirs.items():
-        config.CourseDirectory[key] = value
-    return config
+from grader.paths import NOTEBOOKS, SOLUTIONS
+from labkit import cells
 
 
 @dataclass(frozen=True)
@@ -78,11 +64,3 @@ def put_interpreter_on_path() -> None:
     if os.environ.get("PATH", "").split(os.pathsep)[0] != bindir:
         os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
 
-
-def nbgrader_api(config: Config):
-    """An NbGraderAPI for `config`, with this interpreter's tools (alembic, the kernel) on PATH."""
-    from nbgrader.apps import NbGraderAPI
-    from nbgrader.coursedir import CourseDirectory
-
-    put_interpreter_on_path()
-    return NbGraderAPI(CourseDirectory(config=config), config=config)

@@ -1,5 +1,5 @@
-"""What the course notebooks import: one module per idea, nothing runs at import.
+"""What the course notebooks import: lesson code only, one module per idea, nothing runs at import.
 
-checks (01) · data (01) · plots (01) · devices (00) · graphs (00) · validate (00) · saved_memory (04)
-· preflight (05) · precision (06) · distributed (07) · rank_server (07)
+checks (01) · data (01) · plots (01) · exercises (01) · devices (00) · graphs (00) · saved_memory (04)
+· preflight (05) · precision (06) · distributed (07)
 """

@@ -10,7 +10,7 @@ function up by name in `__main__` and do not find it. Two ways round that, both 
   launch refuses then, with a message, and (by default) runs again with gloo on the CPU.
 - `run_ranks(script, N)` and `run_torchrun(script, N)` start a script file: `run_torchrun` with
   `torchrun --standalone --nproc_per_node=N`, `run_ranks` the way torchrun starts ranks on one node
-  minus its agent, forked from a helper process with torch imported (helpers.rank_server).
+  minus its agent, forked from a helper process with torch imported (labkit.rank_server).
 
 Every launch streams each rank's output into the notebook (`[rank R] ` prefixes), stops every rank
 when one fails or the time runs out, and raises `LaunchError` (or, for a rank that hit an unfinished
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from helpers.rank_server import ForkRefused, PolledChild, RankServer
+from labkit.rank_server import ForkRefused, PolledChild, RankServer
 
 BACKENDS = ("gloo", "nccl")
 

@@ -6,7 +6,7 @@
     python scripts/gpu_check.py --settings none  # one setting
 
 It executes every solution notebook, and every released notebook with the reference answers filled in
-(grader.mutants.reference_submission), with nbclient, each in a fresh kernel in an empty folder, under three
+(grader.author.mutants.reference_submission), with nbclient, each in a fresh kernel in an empty folder, under three
 settings:
   all   every GPU the machine has (CUDA_VISIBLE_DEVICES unset)
   one   one GPU (CUDA_VISIBLE_DEVICES=0); on a machine with one GPU this is `all` again and is not rerun
@@ -79,8 +79,8 @@ def materialise(kind: str, name: str, folder: Path) -> Path:
     """Write the notebook to run into `folder` (alone, as on a hosted kernel); returns its path."""
     import nbformat
 
+    from grader.author.mutants import reference_submission
     from grader.course import assignment_named
-    from grader.mutants import reference_submission
 
     assignment = assignment_named(name)
     nb = (nbformat.read(assignment.source, as_version=4) if kind == "solution"
@@ -105,7 +105,7 @@ def execute_one(path: Path, setting: str, out: Path) -> dict:
     """Child process: run one notebook with nbclient; write the executed copy to `out`; return the result."""
     import nbformat
 
-    from helpers.runner import NotebookRunner
+    from labkit.runner import NotebookRunner
 
     nb = nbformat.read(path, as_version=4)
     began = time.perf_counter()

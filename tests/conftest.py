@@ -12,7 +12,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from helpers.runner import NotebookRunner
+from labkit.runner import NotebookRunner
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable

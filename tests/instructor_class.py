@@ -15,9 +15,9 @@ from pathlib import Path
 
 import nbformat
 
+from grader.author.mutants import blank_submission, load_mutants, mutant_submission, reference_submission
+from grader.author.selftest import put
 from grader.course import assignment_named
-from grader.mutants import blank_submission, load_mutants, mutant_submission, reference_submission
-from grader.selftest import put
 
 ONE = "01_gradient_descent"
 A = assignment_named(ONE)

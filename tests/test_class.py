@@ -17,13 +17,13 @@ import nbformat
 import pytest
 from conftest import REPO, autograde, read_rows, shown_lines
 
-from grader import kernelspec, limits, sandbox
-from grader.autograde import SandboxUnavailable, code_digest
-from grader.autograde import autograde as autograde_in_process
-from grader.check import secret_lines
+from grader.author.check import secret_lines
+from grader.author.mutants import load_mutants, mutant_submission, reference_submission
+from grader.author.selftest import Expected, mismatches, put
+from grader.batch.autograde import SandboxUnavailable, code_digest
+from grader.batch.autograde import autograde as autograde_in_process
 from grader.course import assignment_named
-from grader.mutants import load_mutants, mutant_submission, reference_submission
-from grader.selftest import Expected, mismatches, put
+from grader.kernel import kernelspec, limits, sandbox
 
 pytestmark = pytest.mark.slow
 ONE = "01_gradient_descent"
@@ -426,8 +426,8 @@ def test_anything_that_decides_a_grade_changes_the_cache_key(tmp_path, monkeypat
     for folder in ("grader", "helpers"):
         shutil.copytree(REPO / folder, copy / folder, ignore=shutil.ignore_patterns("__pycache__"))
     before = code_digest(copy)
-    for edited in ("grader/judge.py", "grader/forkserver.py", "grader/nbgrader_config.py",
-                   "grader/mutants/01_gradient_descent.toml", "helpers/checks.py", "helpers/scenario.py"):
+    for edited in ("grader/judge/judge.py", "grader/kernel/forkserver.py", "grader/author/nbgrader_config.py",
+                   "grader/mutants/01_gradient_descent.toml", "helpers/checks.py", "labkit/scenario.py"):
         original = (copy / edited).read_bytes()
         (copy / edited).write_bytes(original + b"\n# edited\n")
         assert code_digest(copy) != before, edited

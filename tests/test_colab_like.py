@@ -9,7 +9,7 @@ pip installs into. With TML_INSTALL_SPEC pointing at this checkout:
 - the set-up cell alone installs the course (its one line says so), leaves torch exactly as it was (same
   version, same files, nothing of torch in the new layer), and run again does nothing, within 0.5 s;
 - every solution notebook (the set-up cell put in front) runs top to bottom without an error;
-- every released notebook with the reference answers (grader.mutants.reference_submission) runs top to
+- every released notebook with the reference answers (grader.author.mutants.reference_submission) runs top to
   bottom without an error.
 
 Each notebook runs alone in an empty folder, as on Colab. The base environments (about 5 GB each, CUDA
@@ -32,10 +32,10 @@ from conftest import REPO
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 
-from grader import bootstrap
+from grader.author import bootstrap
+from grader.author.mutants import reference_submission
 from grader.course import assignments
-from grader.mutants import reference_submission
-from helpers.runner import NotebookRunner
+from labkit.runner import NotebookRunner
 
 pytestmark = pytest.mark.slow
 

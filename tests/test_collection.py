@@ -10,11 +10,11 @@ import nbformat
 import pytest
 from conftest import autograde, read_rows
 
-from grader.autograde import csv_cell, write_csv
+from grader.author.mutants import reference_submission
+from grader.batch.autograde import csv_cell, write_csv
+from grader.batch.worker import Result
+from grader.collect.submissions import collect, printable, unpack_zip
 from grader.course import assignment_named, assignments
-from grader.mutants import reference_submission
-from grader.submissions import collect, printable, unpack_zip
-from grader.worker import Result
 
 ONE = "01_gradient_descent"
 A = assignment_named(ONE)

@@ -7,10 +7,10 @@ import nbformat
 import pytest
 from conftest import PYTHON, REPO
 
-from grader.check import leak_problems, metadata_problems, output_problems
+from grader.author.check import leak_problems, metadata_problems, output_problems
+from grader.author.mutants import reference_answers
+from grader.author.release import generate
 from grader.course import assignment_named, assignments
-from grader.mutants import reference_answers
-from grader.release import generate
 
 
 def test_grader_check_passes():

@@ -6,9 +6,9 @@ import pytest
 from conftest import PYTHON, REPO
 from instructor_class import ONE, A
 
-from grader.deadlines import ConfigError, Lateness, check_students, lateness, parse_config, penalty
-from grader.mutants import reference_submission
-from grader.selftest import put
+from grader.author.mutants import reference_submission
+from grader.author.selftest import put
+from grader.collect.deadlines import ConfigError, Lateness, check_students, lateness, parse_config, penalty
 
 NAMES = [ONE, "02_autograd_graph"]
 
@@ -115,8 +115,8 @@ BAD = {
 
 @pytest.mark.parametrize("case", list(BAD))
 def test_autograde_stops_before_grading_on_a_bad_config(tmp_path, case):
-    from grader.autograde import autograde
-    from grader.deadlines import load_config
+    from grader.batch.autograde import autograde
+    from grader.collect.deadlines import load_config
 
     toml, says = BAD[case]
     put(tmp_path / "class", "alice", A, reference_submission(A))

@@ -5,9 +5,9 @@ import nbformat
 import pytest
 from conftest import CHROMIUM, artifacts, autograde, require_chromium
 
+from grader.author.mutants import reference_submission
+from grader.author.selftest import put
 from grader.course import assignment_named
-from grader.mutants import reference_submission
-from grader.selftest import put
 
 pytestmark = pytest.mark.slow
 ONE = "01_gradient_descent"

@@ -18,11 +18,8 @@ from conftest import REPO
 from hypothesis import given
 from hypothesis import strategies as st
 
-from grader import probe
-from grader.feedback import write_feedback
-from grader.grading import Graded
-from grader.harness import Step, StepRun
-from grader.judge import (
+from grader.judge.grading import Graded
+from grader.judge.judge import (
     BadPayload,
     Observation,
     Opaque,
@@ -33,8 +30,11 @@ from grader.judge import (
     judge,
     shown_error,
 )
-from grader.rebuild import ADDED, rebuild
-from grader.scenarios import split
+from grader.judge.rebuild import ADDED, rebuild
+from grader.judge.scenarios import split
+from grader.kernel import probe
+from grader.kernel.harness import Step, StepRun
+from grader.report.feedback import write_feedback
 
 # --- cell factories ---------------------------------------------------------------------------------------
 
@@ -95,7 +95,7 @@ def test_rebuild_restores_deleted_cells_and_grades_the_last_copy_of_an_answer():
 
 # --- scenarios --------------------------------------------------------------------------------------------
 
-HIDDEN = '''from helpers.scenario import observe, expect, oracle, uses_reference
+HIDDEN = '''from labkit.scenario import observe, expect, oracle, uses_reference
 uses_reference("g")
 for n in range(2):
     with oracle():
@@ -110,7 +110,7 @@ with oracle():
 def test_the_students_kernel_never_gets_oracle_blocks():
     student, reference, needs = split(HIDDEN)
     assert needs == ["g"]
-    assert "secret" not in student and "expect" not in student and "helpers.scenario" not in student
+    assert "secret" not in student and "expect" not in student and "labkit.scenario" not in student
     assert "secret = n * 100" in reference and "uses_reference" not in reference
     compile(student, "student", "exec")  # an emptied block still parses
 
@@ -235,7 +235,7 @@ def test_feedback_is_inert_and_shows_only_what_ran_before_the_tests(tmp_path):
     runs = [StepRun(), StepRun(outputs=[{"output_type": "stream", "name": "stdout", "text": "<b>mine</b>\n"}]),
             StepRun(), StepRun(outputs=[{"output_type": "stream", "name": "stdout", "text": "HIDDEN INPUT 42"}]),
             StepRun(outputs=[{"output_type": "stream", "name": "stdout", "text": "observe('secret case')"}])]
-    from grader.judge import Verdict
+    from grader.judge.judge import Verdict
 
     graded = Graded(steps, runs, {"f": Verdict("f", 0, 2, "f on 1 is wrong <i>")})
     page_path = tmp_path / "page.html"
@@ -264,7 +264,7 @@ class FakeKernel:
 
 
 def test_slow_cells_of_the_students_own_cost_only_those_cells(monkeypatch):
-    from grader import harness
+    from grader.kernel import harness
 
     kernel = FakeKernel(seconds=50.0)
     steps = [Step(f"cell {i}", f"own {i}", True, added=True) for i in range(5)]
@@ -282,7 +282,7 @@ def test_a_kernel_that_dies_starting_fails_at_once_and_leaves_nothing_to_hang_on
         "import gc, sys\n"
         "from jupyter_client import KernelManager\n"
         "from jupyter_client.kernelspec import KernelSpec\n"
-        "from grader.harness import Kernel\n"
+        "from grader.kernel.harness import Kernel\n"
         "manager = KernelManager()\n"
         "manager._kernel_spec = KernelSpec(argv=[sys.executable, '-c', 'raise SystemExit(3)'], language='python')\n"
         "try:\n"

@@ -10,12 +10,12 @@ import nbformat
 import pytest
 from conftest import PYTHON, autograde, read_rows, shown_lines
 
-from grader.check import secret_lines
+from grader.author.check import secret_lines
+from grader.author.cribs import crib_problems
+from grader.author.mutants import load_mutants, reference_answers, reference_submission
+from grader.author.selftest import mismatches, write_selftest_class
 from grader.course import assignment_named, assignments
-from grader.cribs import crib_problems
-from grader.grading import plain_kernel_factory, reference_records
-from grader.mutants import load_mutants, reference_answers, reference_submission
-from grader.selftest import mismatches, write_selftest_class
+from grader.judge.grading import plain_kernel_factory, reference_records
 
 pytestmark = pytest.mark.slow
 ONE = "01_gradient_descent"
@@ -75,7 +75,7 @@ def test_validate_exit_code_follows_the_visible_tests(tmp_path):
     good, blank = tmp_path / "good.ipynb", tmp_path / "blank.ipynb"
     nbformat.write(reference_submission(a), good)
     nbformat.write(nbformat.read(a.release, as_version=4), blank)
-    passed = subprocess.run([PYTHON, "-m", "helpers.validate", str(good)], capture_output=True, text=True)
-    failed = subprocess.run([PYTHON, "-m", "helpers.validate", str(blank)], capture_output=True, text=True)
+    passed = subprocess.run([PYTHON, "-m", "labkit.validate", str(good)], capture_output=True, text=True)
+    failed = subprocess.run([PYTHON, "-m", "labkit.validate", str(blank)], capture_output=True, text=True)
     assert passed.returncode == 0, passed.stdout + passed.stderr
     assert failed.returncode == 1 and "✗ mse_grad: not answered yet" in failed.stdout

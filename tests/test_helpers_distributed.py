@@ -354,7 +354,7 @@ def test_init_rank_sets_the_device_before_joining_nccl(monkeypatch):
 def test_fork_refusal_when_cuda_is_initialised(monkeypatch):
     import torch
 
-    from helpers.rank_server import fork_refusal
+    from labkit.rank_server import fork_refusal
 
     assert fork_refusal() == ""
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
@@ -363,7 +363,7 @@ def test_fork_refusal_when_cuda_is_initialised(monkeypatch):
 
 @pytest.mark.slow
 def test_refused_fork_starts_fresh_interpreters(tmp_path: Path, monkeypatch, capsys):
-    from helpers.rank_server import ForkRefused, RankServer
+    from labkit.rank_server import ForkRefused, RankServer
 
     def refuse(self, argv, envs, cwd):
         raise ForkRefused("CUDA is initialised in the rank server, and a forked child cannot use it")

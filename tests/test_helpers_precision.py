@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from grader.mutants import reference_function
+from grader.author.mutants import reference_function
 from helpers.precision import PrecisionRow, bf16_support, make_mlp, measure_precision, synchronize, tf32_matmuls, time_call
 
 CPU = torch.device("cpu")

@@ -1,4 +1,4 @@
-"""helpers.runner: replies are looked for in short slices, and a timeout still ends in Empty."""
+"""labkit.runner: replies are looked for in short slices, and a timeout still ends in Empty."""
 
 import asyncio
 import time
@@ -6,7 +6,7 @@ from queue import Empty
 
 import pytest
 
-from helpers import runner
+from labkit import runner
 
 
 def test_a_reply_that_a_slice_missed_is_found_by_the_next(monkeypatch):

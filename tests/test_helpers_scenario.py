@@ -1,10 +1,10 @@
-"""helpers.scenario.autograd_guard counts autograd however it is reached; closed-form code counts nothing."""
+"""labkit.scenario.autograd_guard counts autograd however it is reached; closed-form code counts nothing."""
 
 import torch
 from torch.autograd import grad as imported_grad
 
 from helpers.checks import autograd_grad
-from helpers.scenario import autograd_guard
+from labkit.scenario import autograd_guard
 
 X = torch.randn(5, 2, dtype=torch.float64)
 y = torch.randn(5, dtype=torch.float64)

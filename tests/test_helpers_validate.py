@@ -1,9 +1,9 @@
-"""helpers.validate: one line per exercise; an unanswered exercise fails a submission check, not the set-up check."""
+"""labkit.validate: one line per exercise; an unanswered exercise fails a submission check, not the set-up check."""
 
 import nbformat
 from nbformat.v4 import new_code_cell, new_notebook
 
-from helpers import validate
+from labkit import validate
 
 
 def grade_cell(source, grade_id, tags=()):

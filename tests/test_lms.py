@@ -11,9 +11,9 @@ import pytest
 from conftest import PYTHON, REPO
 from instructor_class import FULL, ONE, A
 
-from grader.autograde import write_outputs
-from grader.lms import ExportError, RosterError, export, match_students, read_roster
-from grader.worker import Result
+from grader.batch.autograde import write_outputs
+from grader.batch.worker import Result
+from grader.report.lms import ExportError, RosterError, export, match_students, read_roster
 
 ZERO = {k: 0.0 for k in FULL}
 

@@ -4,7 +4,7 @@ import nbformat
 import pytest
 from conftest import REPO, execute_solution
 
-from helpers.runner import NotebookRunner
+from labkit.runner import NotebookRunner
 
 SOLUTIONS = sorted((REPO / "solutions").glob("*/*.ipynb"))
 

@@ -1,4 +1,4 @@
-"""The top of every student notebook (grader/bootstrap.py): badges, what it needs, and the set-up cell (issue 14.1).
+"""The top of every student notebook (grader/author/bootstrap.py): badges, what it needs, and the set-up cell (issue 14.1).
 
 Fast checks, no network: the header's cells and metadata; the released notebooks carry it; the set-up cell
 does nothing but say so where the course is installed, within 0.5 s (the benchmark); it refuses a torch older
@@ -26,11 +26,11 @@ import tomllib
 from conftest import REPO
 from nbgrader.utils import compute_checksum
 
-from grader import bootstrap
+from grader.author import bootstrap
+from grader.author.mutants import reference_submission
 from grader.course import assignments
-from grader.grading import plan
-from grader.mutants import reference_submission
-from grader.rebuild import rebuild
+from grader.judge.grading import plan
+from grader.judge.rebuild import rebuild
 
 SETTINGS = bootstrap.settings()
 
@@ -51,7 +51,7 @@ def _seconds(run: subprocess.CompletedProcess) -> float:
 def test_every_assignment_says_what_it_needs():
     for assignment in assignments():
         assert bootstrap.NEEDS.get(assignment.name) in bootstrap.NEEDS_TEXT, (
-            f"{assignment.name}: add it to grader/bootstrap.py NEEDS")
+            f"{assignment.name}: add it to grader/author/bootstrap.py NEEDS")
 
 
 def test_settings_come_from_pyproject():
@@ -107,7 +107,7 @@ def test_the_grader_treats_the_set_up_cell_as_a_locked_cell_of_the_release():
     assert rebuilt.cells[1].source == header[1].source
     steps = [s for s in plan(rebuilt, assignment) if s.label == bootstrap.GRADE_ID]
     assert all(not s.by_student and not s.test for s in steps)
-    assert steps == []  # grading skips the set-up cell (helpers.cells.BOOTSTRAP)
+    assert steps == []  # grading skips the set-up cell (labkit.cells.BOOTSTRAP)
 
 
 def test_set_up_cell_does_nothing_where_the_course_is_installed_within_half_a_second():

@@ -32,9 +32,9 @@ from instructor_class import (
     moodle_worksheet,
 )
 
-from grader.grading import Graded
-from grader.judge import Verdict
-from grader.report import ORDER, analyse, category, render
+from grader.judge.grading import Graded
+from grader.judge.judge import Verdict
+from grader.report.report import ORDER, analyse, category, render
 
 TIMEOUT = "10"  # seconds per cell; one hand-in sleeps past it on purpose
 
@@ -116,7 +116,7 @@ def _graded(verdicts):
 
 
 def test_feedback_at_once_shows_points_only_and_after_release_adds_messages_and_known_mistakes(tmp_path):
-    from grader.feedback import write_feedback
+    from grader.report.feedback import write_feedback
 
     notebook = nbformat.read(A.release, as_version=4)
     message = "mse_grad on a hidden case is wrong: what only the hidden test knows"

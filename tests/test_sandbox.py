@@ -1,7 +1,7 @@
-"""Attacks on the grading sandbox (grader/sandbox.py, kernelspec.py, forkserver.py): each test tries to break one promise.
+"""Attacks on the grading sandbox (grader/kernel/sandbox.py, kernelspec.py, forkserver.py): each test tries to break one promise.
 
 Kernels are started the way a worker starts them (a ForkServer, `kernelspec.kernel_factory`) and driven
-cell by cell through grader.harness. The suite runs as root here; `test_attacks_hold_for_an_unprivileged_grader`
+cell by cell through grader.kernel.harness. The suite runs as root here; `test_attacks_hold_for_an_unprivileged_grader`
 runs this file again with the grader started as `nobody`. Without a sandbox (no user namespaces) the tests
 skip, or fail when CI=true.
 """
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from grader import harness, kernelspec, limits, sandbox
-from grader.grading import Graded, run_notes
-from grader.harness import DIED, KILLED, Step, StepRun
+from grader.judge.grading import Graded, run_notes
+from grader.kernel import harness, kernelspec, limits, sandbox
+from grader.kernel.harness import DIED, KILLED, Step, StepRun
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
@@ -393,7 +393,7 @@ def _nobody(*argv: str) -> list[str]:
 
 def _python_for_nobody(folder: Path) -> str:
     """An interpreter `nobody` can run with this environment's packages: this one, or a thin venv over them."""
-    check = subprocess.run(_nobody("/bin/sh", "-c", 'exec "$0" -c "import torch, grader.sandbox"', sys.executable),
+    check = subprocess.run(_nobody("/bin/sh", "-c", 'exec "$0" -c "import torch, grader.kernel.sandbox"', sys.executable),
                            capture_output=True, cwd=REPO, check=False)
     if check.returncode == 0:
         return sys.executable

@@ -12,9 +12,9 @@ import pytest
 from conftest import PYTHON, REPO, autograde
 from instructor_class import ONE, A
 
-from grader.mutants import blank_submission, load_mutants, mutant_submission, reference_submission
-from grader.selftest import put
-from grader.shards import ShardError, check_shards, parse_shard, shard_of
+from grader.author.mutants import blank_submission, load_mutants, mutant_submission, reference_submission
+from grader.author.selftest import put
+from grader.batch.shards import ShardError, check_shards, parse_shard, shard_of
 
 TIMEOUT = "10"
 

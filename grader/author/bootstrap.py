@@ -1,0 +1,209 @@
+"""The top of every student notebook: "Open in Colab / Kaggle" badges, what the notebook needs, and a set-up cell.
+
+The release (grader/author/release.py) puts two cells before each student notebook's first cell:
+- a markdown cell (id `course-kernel`): Colab and Kaggle badges for the course's repository at the release
+  tag, what the notebook needs (from `NEEDS`) and how to turn on a GPU runtime;
+- a read-only code cell (grade_id `course_bootstrap`, tag `bootstrap`; grading skips it): where `helpers`
+  imports it does nothing but say so; otherwise it pip-installs the course package from one spec — the
+  repository's archive at the release tag, or the environment variable TML_INSTALL_SPEC (a path, wheel or
+  URL) — with torch held where it is by a pip constraint, so nothing is installed or upgraded beside it. On a
+  torch outside the supported range it says which versions work.
+
+Everything comes from pyproject.toml: `[tool.training-mechanics-lab]` (repository, release-tag,
+kernel-extras) and the supported torch range, `[project.optional-dependencies].torch`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import nbformat
+import tomllib
+
+from grader.paths import PYPROJECT
+from labkit import cells
+
+MARKDOWN_ID = "course-kernel"
+CELL_ID = "course-bootstrap"
+GRADE_ID = "course_bootstrap"
+TAG = cells.BOOTSTRAP  # grading skips it (labkit/cells.py)
+
+# What each notebook needs: one of the keys of NEEDS_TEXT. A new notebook gets an entry here.
+NEEDS = {
+    "00_setup": "gpu-optional",
+    "01_gradient_descent": "cpu",
+    "02_autograd_graph": "gpu-optional",
+    "03_minibatch_noise": "cpu",
+    "04_custom_function": "cpu",
+    "05_training_step": "cpu",
+    "06_mixed_precision": "gpu-helps",
+    "07_distributed": "two-gpus",
+}
+NEEDS_TEXT = {
+    "cpu": "a CPU is enough; nothing in this notebook uses a GPU.",
+    "gpu-optional": "a CPU is enough. On a GPU runtime the cells that look at the GPU use it too; on a CPU they "
+                    "say what they skipped.",
+    "gpu-helps": "runs on a CPU; **one GPU helps**: the GPU measurements (the precision table's CUDA rows, timing "
+                 "with synchronize, pinned memory, the caching allocator) run only on a GPU — on a CPU they say "
+                 "they were skipped.",
+    "two-gpus": "runs on a CPU (2 processes over gloo). **The nccl part needs 2 GPUs**, one per process — e.g. "
+                "Kaggle's *GPU T4 ×2*; with one GPU or none it stays on gloo and says so.",
+}
+GPU_HOWTO = ("**A GPU runtime:** Colab: *Runtime → Change runtime type → T4 GPU*. Kaggle: *Settings → Accelerator → "
+             "GPU T4 ×2*, and *Settings → Internet → on* (the set-up cell installs the course with pip). "
+             "A JupyterHub: pick a GPU server or image when you start yours, if your hub offers one.")
+
+
+@dataclass(frozen=True)
+class CourseSettings:
+    """The course's settings in pyproject.toml that the student notebooks' header is made from."""
+
+    version: str
+    repository: str  # https://github.com/OWNER/NAME
+    release_tag: str
+    torch_range: str  # e.g. ">=2.11,<2.15"
+    kernel_extras: tuple[str, ...]
+
+    @property
+    def torch_minimum(self) -> tuple[int, int]:
+        return _bound(self.torch_range, ">=")
+
+    @property
+    def torch_below(self) -> tuple[int, int] | None:
+        found = re.search(r"<\s*(\d+)\.(\d+)", self.torch_range)
+        return (int(found.group(1)), int(found.group(2))) if found else None
+
+    @property
+    def install_spec(self) -> str:
+        """What the set-up cell installs by default: the repository's archive at the release tag (no git needed)."""
+        return f"{self.repository}/archive/refs/tags/{self.release_tag}.zip"
+
+    def blob(self, path: str) -> str:
+        """`path` in the repository at the release tag, as GitHub shows it (what Colab and Kaggle open)."""
+        return f"{self.repository}/blob/{self.release_tag}/{path}"
+
+
+def _bound(spec: str, op: str) -> tuple[int, int]:
+    found = re.search(re.escape(op) + r"\s*(\d+)\.(\d+)", spec)
+    if not found:
+        raise ValueError(f"the torch range {spec!r} in pyproject.toml has no {op} bound")
+    return int(found.group(1)), int(found.group(2))
+
+
+@cache
+def settings(pyproject: Path = PYPROJECT) -> CourseSettings:
+    """The course's settings, read from pyproject.toml."""
+    data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    tool = data["tool"]["training-mechanics-lab"]
+    (torch_req,) = data["project"]["optional-dependencies"]["torch"]
+    torch_range = torch_req.split("torch", 1)[1].strip()
+    if not re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", tool["repository"]):
+        raise ValueError(f"[tool.training-mechanics-lab] repository must be https://github.com/OWNER/NAME, "
+                         f"not {tool['repository']!r}")
+    return CourseSettings(version=data["project"]["version"], repository=tool["repository"],
+                          release_tag=tool["release-tag"], torch_range=torch_range,
+                          kernel_extras=tuple(tool.get("kernel-extras", ())))
+
+
+def needs(assignment: str) -> str:
+    """What `assignment` needs, as its header says it."""
+    if assignment not in NEEDS:
+        raise KeyError(f"grader/author/bootstrap.py NEEDS has no entry for {assignment}: say whether it needs a GPU "
+                       f"(one of {', '.join(NEEDS_TEXT)})")
+    return NEEDS_TEXT[NEEDS[assignment]]
+
+
+def badges_markdown(assignment: str, s: CourseSettings | None = None) -> str:
+    """The header's markdown: badges, what the notebook needs, how to get a GPU runtime, what the set-up cell does."""
+    s = s or settings()
+    path = f"notebooks/{assignment}/{assignment}.ipynb"
+    colab = f"https://colab.research.google.com/github/{s.repository.removeprefix('https://github.com/')}" \
+            f"/blob/{s.release_tag}/{path}"
+    kaggle = f"https://kaggle.com/kernels/welcome?src={s.blob(path)}"
+    gpu = "" if NEEDS.get(assignment) == "cpu" else "\n\n" + GPU_HOWTO
+    return (f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab}) "
+            f"[![Open in Kaggle](https://kaggle.com/static/images/open-in-kaggle.svg)]({kaggle})\n\n"
+            f"**What this notebook needs:** {needs(assignment)}{gpu}\n\n"
+            f"**Run the set-up cell below first.** Where the course is installed (`./course lab`) it does "
+            f"nothing; on Colab, Kaggle or a hub it installs the course's `helpers` package with pip — never "
+            f"torch: it uses the kernel's own, and the course supports `torch{s.torch_range}`.")
+
+
+def bootstrap_source(s: CourseSettings | None = None) -> str:
+    """The set-up cell's code. Cheap when the course is there: two metadata look-ups and one import."""
+    s = s or settings()
+    low = ".".join(map(str, s.torch_minimum))
+    below = s.torch_below
+    newer = (f'_newer = f"; torch {{_torch}} is newer than the versions this release was tested on" '
+             f'if _have >= {below!r} else ""' if below else '_newer = ""')
+    extras = "".join(f", {json.dumps(e)}" for e in s.kernel_extras)
+    return f'''\
+# Course set-up. Where the course is installed it does nothing. On a kernel without it (Colab, Kaggle, a hub)
+# it pip-installs the course's `helpers` package and what the notebooks need beyond a stock kernel; it never
+# installs or upgrades torch (a pip constraint holds torch at the kernel's version). TML_INSTALL_SPEC (a path,
+# wheel or URL) replaces where it installs from.
+import importlib, importlib.metadata, importlib.util, os, re, site, subprocess, sys, tempfile
+
+TML_TORCH = "{s.torch_range}"  # the torch versions this release supports
+try:
+    _torch = importlib.metadata.version("torch")
+except importlib.metadata.PackageNotFoundError:
+    raise RuntimeError(f"This kernel has no torch. Install a torch{{TML_TORCH}} build for your machine "
+                       "(pytorch.org, Get Started), then run this cell again.") from None
+_have = tuple(int(n) for n in re.findall(r"\\d+", _torch)[:2])
+if _have < {s.torch_minimum!r}:
+    raise RuntimeError(f"torch {{_torch}} is older than this course supports: it runs on torch{{TML_TORCH}} "
+                       "(torch {low} or newer). On Colab or Kaggle pick a current runtime; elsewhere install a newer "
+                       "torch for your machine (pytorch.org), restart the kernel and run this cell again.")
+{newer}
+if importlib.util.find_spec("helpers") is not None:
+    print(f"Course set-up: the course is installed; nothing to do (torch {{_torch}}{{_newer}}).")
+else:
+    _spec = os.environ.get("TML_INSTALL_SPEC") or "{s.install_spec}"
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as _hold:
+        _hold.write(f"torch=={{_torch}}\\n")  # pip may install nothing that needs another torch
+    _pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--constraint", _hold.name, _spec{extras}],
+                          capture_output=True, text=True)
+    os.unlink(_hold.name)
+    if _pip.returncode:
+        raise RuntimeError(f"Course set-up: pip could not install the course from {{_spec}}:\\n"
+                           + (_pip.stdout + _pip.stderr)[-3000:])
+    importlib.invalidate_caches()
+    if importlib.util.find_spec("helpers") is None:  # pip fell back to a user install (site-packages read-only)
+        site.addsitedir(site.getusersitepackages())
+    import helpers  # noqa: F401  (fails here, not deep in a later cell, if the install did not take)
+    print(f"Course set-up: installed the course from {{_spec}} with pip; torch {{_torch}} left as it was{{_newer}}.")'''
+
+
+def header_cells(assignment: str) -> list[nbformat.NotebookNode]:
+    """The two cells the release puts at the top of `assignment`'s student notebook."""
+    from nbgrader.utils import compute_checksum
+
+    text = nbformat.v4.new_markdown_cell(badges_markdown(assignment), id=MARKDOWN_ID)
+    code = nbformat.v4.new_code_cell(bootstrap_source(), id=CELL_ID)
+    code.metadata = nbformat.from_dict({
+        "deletable": False, "editable": False, "tags": [TAG],
+        "nbgrader": {"cell_type": "code", "grade": False, "grade_id": GRADE_ID, "locked": True,
+                     "schema_version": 3, "solution": False, "task": False}})
+    code.metadata.nbgrader["checksum"] = compute_checksum(code)
+    return [text, code]
+
+
+def add_header(path: Path, assignment: str) -> None:
+    """Put the header cells at the top of the student notebook at `path` (replacing an older header)."""
+    nb = nbformat.read(path, as_version=4)
+    nb.cells = header_cells(assignment) + [c for c in nb.cells if c.get("id") not in (MARKDOWN_ID, CELL_ID)]
+    nbformat.write(nb, path)
+
+
+def with_bootstrap(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """A copy of a solution notebook with the set-up cell in front (to run it on a kernel without the course)."""
+    import copy
+
+    out = copy.deepcopy(nb)
+    out.cells = [nbformat.v4.new_code_cell(bootstrap_source(), id=CELL_ID)] + out.cells
+    return out

@@ -1,0 +1,125 @@
+"""Reference, blank and mutant submissions built from the released notebook (the grader's self-test data).
+
+Mutants are realistic wrong answers kept as data in grader/mutants/<assignment>.toml:
+
+    [[mutant]]
+    name = "mse_grad_sign_flipped"          # unique, used as the student id in self-tests
+    exercise = "mse_grad"                   # the test cell (grade id) this mistake must cost, and no other
+    cell = "mse_grad_answer"                # the answer cell it replaces
+    why = "residual written as y - Xw"      # the misconception, in plain words
+    says = "the sign is flipped"            # what the grader's message must say about it
+    source = '''...'''                      # the wrong answer, as a student would write it
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import nbformat
+import tomllib
+
+from grader.author.markers import SOLUTION_MARKER
+from grader.course import Assignment, assignments
+from grader.paths import MUTANTS
+from labkit import cells
+
+MIN_MUTANTS_PER_EXERCISE = 3
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One realistic wrong answer and the test cells it must fail."""
+
+    name: str
+    exercise: str
+    cell: str
+    why: str
+    says: str
+    source: str
+
+
+def load_mutants(assignment: Assignment) -> list[Mutant]:
+    """The mutants of an assignment (none when it has no mutants file)."""
+    path = MUTANTS / f"{assignment.name}.toml"
+    if not path.exists():
+        return []
+    entries = tomllib.loads(path.read_text(encoding="utf-8")).get("mutant", [])
+    return [Mutant(name=e["name"], exercise=e["exercise"], cell=e["cell"], why=e["why"], says=e.get("says", ""),
+                   source=e["source"]) for e in entries]
+
+
+def reference_answers(assignment: Assignment) -> dict[str, str]:
+    """Answer cell grade_id → the reference solution's source, without the BEGIN/END markers."""
+    nb = nbformat.read(assignment.source, as_version=4)
+    return {cells.grade_id(c): SOLUTION_MARKER.sub("", c.source) for c in nb.cells if cells.kind(c) == cells.ANSWER}
+
+
+def reference_function(assignment_name: str, answer_cell: str, name: str, namespace: dict | None = None):
+    """A function defined by a reference answer, for instructor scripts and tests that need the real thing."""
+    from grader.course import assignment_named
+
+    scope = dict(namespace or {})
+    exec(reference_answers(assignment_named(assignment_name))[answer_cell], scope)
+    return scope[name]
+
+
+def build_submission(assignment: Assignment, answers: dict[str, str]) -> nbformat.NotebookNode:
+    """The released notebook with the given answer cells filled in, as a student would hand it in."""
+    nb = nbformat.read(assignment.release, as_version=4)
+    for cell in nb.cells:
+        if cells.grade_id(cell) in answers:
+            cell.source = answers[cells.grade_id(cell)]
+    return nb
+
+
+def reference_submission(assignment: Assignment) -> nbformat.NotebookNode:
+    """Every answer cell filled with the reference solution."""
+    return build_submission(assignment, reference_answers(assignment))
+
+
+def blank_submission(assignment: Assignment) -> nbformat.NotebookNode:
+    """The released notebook untouched: every answer still raises NotImplementedError."""
+    return copy.deepcopy(nbformat.read(assignment.release, as_version=4))
+
+
+def mutant_submission(assignment: Assignment, group: list[Mutant]) -> nbformat.NotebookNode:
+    """The reference with each mutant of `group` replacing its answer cell."""
+    answers = reference_answers(assignment)
+    answers.update({m.cell: m.source for m in group})
+    return build_submission(assignment, answers)
+
+
+def pack_mutants(mutants: list[Mutant]) -> list[list[Mutant]]:
+    """Group mutants into few submissions, never two that touch the same cell or the same exercise."""
+    groups: list[list[Mutant]] = []
+    for mutant in mutants:
+        for group in groups:
+            if all(m.cell != mutant.cell and m.exercise != mutant.exercise for m in group):
+                group.append(mutant)
+                break
+        else:
+            groups.append([mutant])
+    return groups
+
+
+def mutant_problems() -> list[str]:
+    """Mutants that name unknown cells, and graded exercises with fewer than three mutants."""
+    problems = []
+    for assignment in assignments():
+        source = nbformat.read(assignment.source, as_version=4).cells
+        tests = {cells.grade_id(c) for c in source if cells.kind(c) == cells.TEST}
+        answers = {cells.grade_id(c) for c in source if cells.kind(c) == cells.ANSWER}
+        mutants = load_mutants(assignment)
+        names = [m.name for m in mutants]
+        problems += [f"{assignment.name}: mutant name {n!r} is used twice" for n in set(names) if names.count(n) > 1]
+        for m in mutants:
+            if m.cell not in answers:
+                problems.append(f"{assignment.name}: mutant {m.name} replaces unknown answer cell {m.cell!r}")
+            if m.exercise not in tests:
+                problems.append(f"{assignment.name}: mutant {m.name} names {m.exercise!r}, which is not a test cell")
+        for test in sorted(tests):
+            count = sum(m.exercise == test for m in mutants)
+            if count < MIN_MUTANTS_PER_EXERCISE:
+                problems.append(f"{assignment.name}: exercise {test} has {count} mutants, needs {MIN_MUTANTS_PER_EXERCISE}")
+    return problems

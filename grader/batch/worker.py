@@ -1,0 +1,246 @@
+"""Grade submissions one after another: `python -m grader.batch.worker`.
+
+The worker reads one spec path per line on stdin, writes that spec's Result JSON, and answers
+`done` on stdout; it stays alive for the next one, so torch, the fork server and the reference
+records are loaded once per worker. Student code never runs in this process: it runs in a kernel
+(sandboxed, forked by the worker's grader.kernel.sandbox.ForkServer), and this process judges what the
+kernel sends back (grader/judge/grading.py). If the worker itself dies, the parent records a status for
+that submission and starts a new worker.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import stat
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from grader.author.mutants import load_mutants
+from grader.collect.deadlines import penalty
+from grader.collect.submissions import MAX_NOTEBOOK_BYTES
+from grader.course import assignment_named, put_interpreter_on_path
+from grader.judge.grading import (
+    canary,
+    grade_notebook,
+    known_mistakes,
+    plain_kernel_factory,
+    received,
+    reference_records,
+    run_notes,
+)
+from grader.judge.rebuild import rebuild
+from grader.judge.scenarios import scenarios
+from grader.kernel import kernelspec, sandbox
+from grader.report.feedback import write_feedback
+from labkit import cells
+
+
+@dataclass
+class Spec:
+    """What the parent asks a worker to grade."""
+
+    student: str
+    assignment: str
+    notebook: str  # expected file name, e.g. 01_gradient_descent.ipynb
+    submitted: str  # the handed-in notebook to grade ("" when there is none)
+    template: str  # folder made by grader.author.release.generate: release/<assignment>/<notebook>
+    result: str  # where to write the Result JSON
+    feedback: str  # where to write the feedback HTML
+    timeout: int  # seconds per cell
+    sandbox: bool = True  # run the kernel in the sandbox (grader.kernel.sandbox)
+    problem: str = ""  # set by the collector when there is nothing to grade
+    notes: list[str] = field(default_factory=list)  # what collection noticed (renamed, extra files, …)
+    feedback_mode: str = "after-release"  # or "at-once": no hidden-test messages yet (grader/report/feedback.py)
+    lateness: dict = field(default_factory=dict)  # grader.collect.deadlines.Lateness, shown on the feedback page
+    canary_only: bool = False  # only check this worker's environment on the reference (before any student runs)
+
+
+@dataclass
+class Result:
+    """One row of grades.csv before formatting."""
+
+    student: str
+    assignment: str
+    scores: dict[str, float]
+    max_scores: dict[str, float]
+    status: list[str] = field(default_factory=list)
+    messages: dict[str, str] = field(default_factory=dict)  # test id -> what its failure says
+    mistakes: dict[str, str] = field(default_factory=dict)  # failed test id -> the known mistake (mutant) it matches
+    seconds: dict[str, float] = field(default_factory=dict)  # where grading spent its time (benchmarks/run.py)
+    broken: str = ""  # set when the grading environment failed its canary: no grade was given
+    answered: list[str] = field(default_factory=list)  # answer cells the student changed from the release
+    unanswered: list[str] = field(default_factory=list)  # failed tests whose answer still raised NotImplementedError
+    submitted_at: str = ""  # hand-in time as collection found it (timestamp.txt or the LMS zip)
+    lateness: dict = field(default_factory=dict)  # grader.collect.deadlines.Lateness ({} when no due date applies)
+    penalty: float = 0.0  # points the late policy took; grades.csv's total = sum(scores) - penalty
+
+
+def _load(path: Path) -> nbformat.NotebookNode:
+    """The handed-in notebook: a regular file (never through a link), bounded in size, nbformat 4."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ValueError("not a regular file")
+        data = f.read(MAX_NOTEBOOK_BYTES + 1)
+    if len(data) > MAX_NOTEBOOK_BYTES:
+        raise ValueError(f"larger than {MAX_NOTEBOOK_BYTES // 2**20} MB")
+    return cells_of(json.loads(data.decode("utf-8")))
+
+
+CELL_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def cells_of(raw: object) -> nbformat.NotebookNode:
+    """A notebook rebuilt from what grading uses — each cell's type, source, metadata and id — and nothing else.
+
+    Editors save nbformat 4 with variations nbformat's validator refuses (ids in a 4.4 file, outputs with
+    extra fields, no execution counts): none of that is the student's answer, so it is not held against it.
+    """
+    major = raw.get("nbformat") if isinstance(raw, dict) else None
+    if major != 4:
+        raise ValueError(f"nbformat {major!r}, expected 4")
+    assert isinstance(raw, dict)
+    if not isinstance(raw.get("cells"), list):
+        raise ValueError("no list of cells")
+    nb = nbformat.v4.new_notebook()
+    makers = {"code": nbformat.v4.new_code_cell, "markdown": nbformat.v4.new_markdown_cell, "raw": nbformat.v4.new_raw_cell}
+    for cell in raw["cells"]:
+        if not isinstance(cell, dict) or cell.get("cell_type") not in makers:
+            continue
+        source = cell.get("source", "")
+        source = "".join(part for part in source if isinstance(part, str)) if isinstance(source, list) else source
+        metadata = cell.get("metadata")
+        new = makers[cell["cell_type"]](source if isinstance(source, str) else "",
+                                        metadata=metadata if isinstance(metadata, dict) else {})
+        if isinstance(cell.get("id"), str) and CELL_ID.match(cell["id"]):
+            new["id"] = cell["id"]
+        nb.cells.append(new)
+    return nb
+
+
+_FORKSERVER: sandbox.ForkServer | None = None
+_CANARY_PASSED: set[str] = set()
+
+
+def _forkserver() -> sandbox.ForkServer:
+    """This worker's fork server, started on first use and kept for every later submission."""
+    global _FORKSERVER
+    if _FORKSERVER is None:
+        _FORKSERVER = sandbox.ForkServer()
+    return _FORKSERVER
+
+
+def _new_kernel(spec: Spec):
+    return kernelspec.kernel_factory(_forkserver()) if spec.sandbox else plain_kernel_factory()
+
+
+def _canary(assignment, spec: Spec) -> str:
+    """'' once the reference has earned full marks in this worker's environment (checked once per assignment)."""
+    if assignment.name not in _CANARY_PASSED:
+        records = reference_records(assignment, plain_kernel_factory(), spec.timeout)
+        problem = canary(assignment, _new_kernel(spec), spec.timeout, records)
+        if problem:
+            return problem
+        _CANARY_PASSED.add(assignment.name)
+    return ""
+
+
+def grade(spec: Spec) -> Result:
+    """Grade one submission; every failure becomes a status note, never an exception."""
+    assignment = assignment_named(spec.assignment)
+    released = nbformat.read(Path(spec.template) / "release" / spec.assignment / spec.notebook, as_version=4)
+    max_scores = {s.test: s.points for s in scenarios(assignment)}
+    result = Result(spec.student, spec.assignment, {k: 0.0 for k in max_scores}, max_scores)
+    result.status += spec.notes
+    if spec.canary_only:
+        result.broken = _canary(assignment, spec)
+        return result
+    if spec.problem or not spec.submitted:
+        result.status.append(spec.problem or "no notebook")
+        return result
+    try:
+        submitted = _load(Path(spec.submitted))
+    except Exception as exc:  # any unreadable file is a status, not a crash
+        result.status.append(f"invalid notebook: {type(exc).__name__}: {str(exc)[:200]}")
+        return result
+    rebuilt, tamper_notes = rebuild(submitted, released)
+    result.status += tamper_notes
+    result.answered = _answered(rebuilt, released)
+
+    problem = _canary(assignment, spec)
+    if problem:
+        result.broken = problem
+        return result
+    new_kernel = _new_kernel(spec)
+    records = reference_records(assignment, plain_kernel_factory(), spec.timeout)
+    mistakes = known_mistakes(assignment, plain_kernel_factory(), spec.timeout)
+    started = time.monotonic()
+    graded = grade_notebook(rebuilt, assignment, new_kernel, spec.timeout, records, mistakes)
+    judged = time.monotonic()
+    result.scores = {test: v.points for test, v in graded.verdicts.items()}
+    result.messages = {test: v.message for test, v in graded.verdicts.items() if v.message}
+    result.mistakes = {test: name for test, name in graded.mistakes.items() if name}
+    result.status += run_notes(graded)
+    result.unanswered = [step.test for step, run in zip(graded.steps, graded.runs)
+                         if step.test and not graded.verdicts[step.test].passed
+                         and getattr(received(step.test, run, spec.timeout)[0], "error", None) == "NotImplementedError"]
+    whys = {m.name: m.why for m in load_mutants(assignment)}
+    taken = penalty(sum(result.scores.values()), sum(max_scores.values()), spec.lateness) if spec.lateness else 0.0
+    write_feedback(Path(spec.feedback), student=spec.student, assignment=spec.assignment, notebook=rebuilt,
+                   graded=graded, status=result.status, mistakes={t: whys[n] for t, n in result.mistakes.items()},
+                   mode=spec.feedback_mode, late=spec.lateness.get("note", ""), penalty=taken)
+    spent = graded.seconds()
+    result.seconds = {**spent, "judging": judged - started - sum(spent.values()), "feedback": time.monotonic() - judged}
+    return result
+
+
+def _answered(rebuilt: nbformat.NotebookNode, released: nbformat.NotebookNode) -> list[str]:
+    """Answer cells whose source differs from the released stub (what tells a blank hand-in from a tried one)."""
+    stubs = {cells.grade_id(c): c.source.strip() for c in released.cells if cells.kind(c) == cells.ANSWER}
+    return [gid for c in rebuilt.cells if (gid := cells.grade_id(c)) in stubs and c.source.strip() != stubs[gid]]
+
+
+def grade_to_file(spec_path: Path) -> None:
+    """Grade the spec stored at `spec_path` and write its Result JSON atomically."""
+    spec = Spec(**json.loads(spec_path.read_text()))
+    try:
+        result = grade(spec)
+    except Exception as exc:  # a bug met by one odd hand-in is that hand-in's status, never the batch's
+        traceback.print_exc()
+        result = Result(spec.student, spec.assignment, {}, {},
+                        [*spec.notes, f"grading failed: internal error {type(exc).__name__} (see the worker log)"])
+    out = Path(spec.result)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_suffix(".partial")
+    partial.write_text(json.dumps(asdict(result), indent=1))
+    partial.replace(out)  # an interrupted batch never leaves half a result
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.WARNING)
+    put_interpreter_on_path()
+    # stdout is the channel to the parent; everything else written to fd 1 (kernels started from
+    # here inherit it) goes to the log on stderr instead.
+    channel = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    try:
+        for line in sys.stdin:
+            grade_to_file(Path(line.strip()))
+            channel.write("done\n")
+            channel.flush()
+    finally:
+        if _FORKSERVER is not None:
+            _FORKSERVER.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

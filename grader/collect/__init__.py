@@ -1,0 +1,1 @@
+"""Collection: hand-ins found in a folder or an LMS zip, their hand-in times, deadlines and extensions."""

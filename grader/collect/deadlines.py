@@ -1,0 +1,292 @@
+"""Due dates, per-student extensions, the late penalty and the feedback mode: one TOML file.
+
+`python -m grader autograde SUBMISSIONS --out graded/ --config grading.toml` reads it and checks it
+before anything is graded (an unknown assignment or student, a malformed date, an unknown key: a
+ConfigError naming the key). Every key is optional:
+
+    timezone = "Europe/Berlin"        # for times written without an offset (default "UTC")
+    feedback = "after-release"        # or "at-once" (grader/report/feedback.py); --feedback overrides it
+
+    [due]                             # assignment -> due date; an assignment not listed has none
+    01_gradient_descent = "2025-10-14 23:59"
+
+    [late]
+    grace_minutes = 15                # a hand-in at most this late counts as on time (default 0)
+    per_day = 10                      # percent taken per started day late, counted from the due date (default 0)
+    of = "earned"                     # the percent of the points "earned" (default) or of the "max"imum
+    max_days = 7                      # later than this many days: every point is taken (default: no limit)
+
+    [[extension]]                     # one table per extension
+    student = "alice_1001"            # the student key, as grades.csv spells it
+    assignment = "01_gradient_descent"  # omit it: every assignment with a due date
+    due = "2025-10-16 23:59"          # a new due date … or
+    days = 2                          # … days added to the assignment's due date
+
+The hand-in time is Submission.submitted_at (nbgrader's timestamp.txt, or the LMS zip's member time).
+grades.csv gets `late_by` (hours after the due date in effect, extension included; 0 when on time;
+empty when there is no due date or the hand-in time is unknown) and `penalty` (points taken); `total`
+is the points after the penalty. A penalty never exceeds the points earned, so a total is never below 0.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass, field, replace
+from datetime import date, datetime, timedelta
+from pathlib import Path
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import tomllib
+
+FEEDBACK_MODES = ("after-release", "at-once")
+DEFAULT_FEEDBACK = "after-release"
+TOP_KEYS = {"timezone", "feedback", "due", "late", "extension"}
+LATE_KEYS = {"grace_minutes", "per_day", "of", "max_days"}
+EXTENSION_KEYS = {"student", "assignment", "due", "days"}
+DATE_HELP = "write it as 2025-10-14 23:59 or 2025-10-14T23:59:00+02:00"
+
+
+class ConfigError(ValueError):
+    """The grading config is wrong; the message names the file, the key and what to write instead."""
+
+
+@dataclass(frozen=True)
+class Extension:
+    student: str
+    assignment: str  # "" = every assignment
+    due: datetime | None = None
+    days: float = 0.0
+
+
+@dataclass(frozen=True)
+class LatePolicy:
+    grace_minutes: float = 0.0
+    per_day: float = 0.0  # percent per started day late
+    of: str = "earned"
+    max_days: float | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    """What a grading config says (the defaults when there is no file)."""
+
+    source: str = ""  # the file it came from, for messages
+    timezone: str = "UTC"
+    feedback: str = DEFAULT_FEEDBACK
+    due: dict[str, datetime] = field(default_factory=dict)
+    late: LatePolicy = LatePolicy()
+    extensions: tuple[Extension, ...] = ()
+
+    @property
+    def tz(self) -> ZoneInfo:
+        return ZoneInfo(self.timezone)
+
+
+@dataclass(frozen=True)
+class Lateness:
+    """One hand-in measured against its due date; travels to the worker in the Spec (as a dict)."""
+
+    due: str = ""  # the due date in effect, ISO with offset ("" when the assignment has none)
+    submitted: str = ""  # the hand-in time read, ISO with offset ("" when unknown)
+    late_by: float | None = None  # hours after `due` (0 when on time); None when there is nothing to measure
+    fraction: float = 0.0  # share of the base points taken
+    of: str = "earned"  # the base: the points earned or the maximum
+    note: str = ""  # one sentence for the student's page and the report ("" when on time or no due date)
+
+
+# --- reading the file -------------------------------------------------------------------------------------
+
+def _where(source: str, key: str) -> str:
+    return f"{source}: {key}" if source else key
+
+
+def _date(value: object, tz: ZoneInfo, where: str) -> datetime:
+    """A due date from TOML (a string or a TOML datetime), made timezone-aware."""
+    if isinstance(value, datetime):
+        moment = value
+    elif isinstance(value, date):
+        raise ConfigError(f"{where} = {value}: a date needs a time too ({DATE_HELP})")
+    elif isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise ConfigError(f"{where} = {value!r}: not a date and time ({DATE_HELP})") from None
+        if len(value.strip()) <= 10:
+            raise ConfigError(f"{where} = {value!r}: a date needs a time too ({DATE_HELP})")
+    else:
+        raise ConfigError(f"{where} = {value!r}: not a date and time ({DATE_HELP})")
+    return moment if moment.tzinfo else moment.replace(tzinfo=tz)
+
+
+def _number(value: object, where: str, low: float = 0.0, high: float = math.inf) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        bound = f"between {low:g} and {high:g}" if high != math.inf else f"at least {low:g}"
+        raise ConfigError(f"{where} = {value!r}: must be a number {bound}")
+    return float(value)
+
+
+def _unknown(keys: object, allowed: set[str], where: str) -> None:
+    extra = sorted(set(keys) - allowed) if isinstance(keys, dict) else []
+    if extra:
+        hint = difflib.get_close_matches(extra[0], sorted(allowed), n=1)
+        raise ConfigError(f"{where}: unknown key {extra[0]!r}" + (f" (did you mean {hint[0]!r}?)" if hint else
+                                                                 f" (known: {', '.join(sorted(allowed))})"))
+
+
+def parse_config(text: str, assignments: list[str], source: str = "") -> Config:
+    """A Config from TOML text; `assignments` are the course's assignment names (to catch typos)."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{source or 'config'}: not valid TOML: {err}") from None
+    _unknown(raw, TOP_KEYS, source or "config")
+    zone = raw.get("timezone", "UTC")
+    try:
+        tz = ZoneInfo(zone) if isinstance(zone, str) else None
+    except (ZoneInfoNotFoundError, ValueError):
+        tz = None
+    if tz is None:
+        raise ConfigError(f"{_where(source, 'timezone')} = {zone!r}: not a time zone (e.g. 'UTC', 'Europe/Berlin')")
+    feedback = raw.get("feedback", DEFAULT_FEEDBACK)
+    if feedback not in FEEDBACK_MODES:
+        raise ConfigError(f"{_where(source, 'feedback')} = {feedback!r}: must be one of {', '.join(FEEDBACK_MODES)}")
+    due_table = raw.get("due", {})
+    if not isinstance(due_table, dict):
+        raise ConfigError(f"{_where(source, '[due]')}: must be a table of assignment = date")
+    due = {}
+    for name, value in due_table.items():
+        where = _where(source, f"[due] {name}")
+        if name not in assignments:
+            hint = difflib.get_close_matches(name, assignments, n=1)
+            raise ConfigError(f"{where}: no such assignment" + (f" (did you mean {hint[0]}?)" if hint else
+                                                                 f" (known: {', '.join(assignments)})"))
+        due[name] = _date(value, tz, where)
+    late_table = raw.get("late", {})
+    if not isinstance(late_table, dict):
+        raise ConfigError(f"{_where(source, '[late]')}: must be a table")
+    _unknown(late_table, LATE_KEYS, _where(source, "[late]"))
+    of = late_table.get("of", "earned")
+    if of not in ("earned", "max"):
+        raise ConfigError(f"{_where(source, '[late] of')} = {of!r}: must be 'earned' or 'max'")
+    late = LatePolicy(
+        grace_minutes=_number(late_table.get("grace_minutes", 0), _where(source, "[late] grace_minutes")),
+        per_day=_number(late_table.get("per_day", 0), _where(source, "[late] per_day"), 0, 100),
+        of=of,
+        max_days=(_number(late_table["max_days"], _where(source, "[late] max_days"))
+                  if "max_days" in late_table else None))
+    entries = raw.get("extension", [])
+    if not isinstance(entries, list):
+        raise ConfigError(f"{_where(source, 'extension')}: write each extension as an [[extension]] table")
+    extensions = []
+    for index, entry in enumerate(entries, 1):
+        where = _where(source, f"[[extension]] {index}")
+        _unknown(entry, EXTENSION_KEYS, where)
+        student, assignment = entry.get("student"), entry.get("assignment", "")
+        if not isinstance(student, str) or not student:
+            raise ConfigError(f"{where}: needs student = \"<student key as in grades.csv>\"")
+        where = f"{where} (student {student!r})"
+        if assignment and assignment not in assignments:
+            raise ConfigError(f"{where}: assignment {assignment!r}: no such assignment")
+        if ("due" in entry) == ("days" in entry):
+            raise ConfigError(f"{where}: give either due = \"<date>\" or days = <number>, "
+                              f"not {'both' if 'due' in entry else 'neither'}")
+        if "days" in entry and (assignment and assignment not in due or not due):
+            raise ConfigError(f"{where}: days = {entry['days']!r} extends a due date, but "
+                              + (f"{assignment} has none in [due]" if assignment else "[due] lists none"))
+        extensions.append(Extension(
+            student, assignment,
+            due=_date(entry["due"], tz, f"{where} due") if "due" in entry else None,
+            days=_number(entry["days"], f"{where} days") if "days" in entry else 0.0))
+    return Config(source=source, timezone=zone, feedback=feedback, due=due, late=late, extensions=tuple(extensions))
+
+
+def load_config(path: Path | None, assignments: list[str]) -> Config:
+    """The config in `path` (the defaults when `path` is None)."""
+    if path is None:
+        return Config()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot read it ({type(err).__name__}: {err})") from None
+    return parse_config(text, assignments, str(path))
+
+
+def check_students(config: Config, students: set[str]) -> None:
+    """Raise ConfigError when an extension names a student who is not in the class."""
+    for index, ext in enumerate(config.extensions, 1):
+        if ext.student not in students:
+            hint = difflib.get_close_matches(ext.student, sorted(students), n=1)
+            raise ConfigError(f"{_where(config.source, f'[[extension]] {index}')}: student {ext.student!r} handed "
+                              "nothing in and is not in the class" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+
+
+# --- measuring a hand-in ----------------------------------------------------------------------------------
+
+def parse_time(text: str, tz: ZoneInfo) -> datetime | None:
+    """A hand-in time: ISO 8601 (offset or 'Z' optional), or nbgrader's '<date> <time> <zone name>'."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        head, _, zone = text.rpartition(" ")
+        try:
+            moment = datetime.fromisoformat(head).replace(tzinfo=ZoneInfo(zone))
+        except (ValueError, ZoneInfoNotFoundError):
+            return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=tz)
+
+
+def due_for(config: Config, student: str, assignment: str) -> datetime | None:
+    """The due date in effect for one student: the assignment's, moved by the student's extension."""
+    due = config.due.get(assignment)
+    for ext in config.extensions:
+        if ext.student == student and ext.assignment in ("", assignment):
+            if ext.due is not None:
+                due = ext.due
+            elif due is not None:
+                due = due + timedelta(days=ext.days)
+    return due
+
+
+def _iso(moment: datetime) -> str:
+    return moment.isoformat(timespec="seconds")
+
+
+def lateness(config: Config, student: str, assignment: str, submitted_at: str) -> Lateness:
+    """How late one hand-in is and what share of its points the policy takes."""
+    due = due_for(config, student, assignment)
+    if due is None:
+        return Lateness()
+    policy = config.late
+    moment = parse_time(submitted_at, config.tz)
+    if moment is None:
+        what = "unreadable" if submitted_at.strip() else "unknown"
+        return Lateness(due=_iso(due), of=policy.of,
+                        note=f"hand-in time {what}: not checked against the due date {_iso(due)}")
+    seconds = (moment - due).total_seconds()
+    hours = round(max(0.0, seconds) / 3600, 2)
+    base = Lateness(due=_iso(due), submitted=_iso(moment), late_by=hours, of=policy.of)
+    if seconds <= 0:
+        return base
+    if seconds <= policy.grace_minutes * 60:
+        return replace(base, note=(f"handed in {hours:g} h after the due date {_iso(due)}, "
+                                   f"within the {policy.grace_minutes:g}-minute grace period"))
+    days = math.ceil(seconds / 86400)
+    if policy.max_days is not None and seconds > policy.max_days * 86400:
+        fraction, why = 1.0, f"more than {policy.max_days:g} days late: no points"
+    else:
+        fraction = min(1.0, policy.per_day * days / 100)
+        why = (f"{days} started day{'s' if days > 1 else ''} late × {policy.per_day:g} % = "
+               f"{100 * fraction:g} % of the {'points earned' if policy.of == 'earned' else 'maximum points'} taken")
+    return replace(base, fraction=fraction, note=f"handed in {hours:g} h after the due date {_iso(due)}: {why}")
+
+
+def penalty(points: float, max_points: float, late: Lateness | dict) -> float:
+    """Points the policy takes from `points` (never more than `points`), rounded to 0.01."""
+    if isinstance(late, dict):
+        late = Lateness(**late)
+    base = points if late.of == "earned" else max_points
+    return round(min(points, base * late.fraction), 2)

@@ -1,0 +1,362 @@
+"""Trusted side of grading: decode what a scenario sent, compare it with the reference, decide the points.
+
+Runs in the grader's own process, never in the student's kernel. A scenario's payload is plain JSON
+(grader/kernel/probe.py); it is decoded here without pickle, with every size and type checked, into Python
+numbers, strings, lists, dicts and tensors. What a value is compared against, the tolerances and the
+message a student reads all come from the reference run (grader/expectations.py) — never from the
+student's payload, of which only the values are used.
+"""
+
+from __future__ import annotations
+
+import base64
+import builtins
+import math
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+from helpers.checks import CheckFailure, check_scalar, check_tensor
+
+MAX_NAME_CHARS = 500
+DTYPES = {name: getattr(torch, name) for name in (
+    "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
+    "complex64", "complex128")}
+
+
+class BadPayload(ValueError):
+    """The kernel sent something that is not a well-formed scenario result."""
+
+
+@dataclass(frozen=True)
+class Opaque:
+    """A value the kernel could describe only by the name of its type."""
+
+    type_name: str
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One recorded value: its name (the message's subject), the value and, from the reference, how to compare."""
+
+    name: str
+    value: object
+    spec: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ScenarioRecord:
+    """What one scenario produced in one kernel: observations in order, oracle values, and the error that ended it."""
+
+    test: str
+    observed: tuple[Observation, ...]
+    expected: dict[str, object]
+    error: str | None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One test cell's outcome: the points and, when it failed, the message the student reads."""
+
+    test: str
+    points: float
+    max_points: float
+    message: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.points == self.max_points
+
+
+# Type names a message may repeat; any other (a class the student named) is "another type": a name is a channel.
+SHOWN_TYPES = {"list", "tuple", "dict", "str", "NoneType", "int", "float", "bool", "complex", "Tensor", "ndarray",
+               "generator", "function", "method", "set", "Parameter", "float64", "float32", "int64", "bytes"}
+
+
+def safe_type_name(text: object) -> str:
+    """A type name as the student may see it: a common one as it is, anything else as "another type"."""
+    name = str(text).split(" ", 1)[0]
+    return name if name in SHOWN_TYPES else "another type"
+
+
+def shown_error(name: str | None) -> str:
+    """Built-in exception names are shown as they are; a class the student defined is not named."""
+    if name and isinstance(getattr(builtins, name, None), type) and issubclass(getattr(builtins, name), BaseException):
+        return name
+    return "an exception"
+
+
+# --- decoding ---------------------------------------------------------------------------------------------
+
+def _expect(condition: bool, what: str) -> None:
+    if not condition:
+        raise BadPayload(what)
+
+
+def decode_value(node: object, depth: int = 0) -> object:
+    """A value from its plain-JSON form (see grader/probe.encode); raises BadPayload on anything malformed."""
+    _expect(isinstance(node, dict) and isinstance(node.get("t"), str) and depth <= 8, "malformed value")
+    assert isinstance(node, dict)
+    kind = node["t"]
+    if kind == "none":
+        return None
+    if kind == "bool":
+        _expect(isinstance(node.get("v"), bool), "malformed bool")
+        return node["v"]
+    if kind == "int":
+        text = node.get("v")
+        _expect(isinstance(text, str) and len(text) <= 400 and re.fullmatch(r"-?\d+", text) is not None, "malformed int")
+        return int(text)  # type: ignore[arg-type]
+    if kind == "float":
+        text = node.get("v")
+        _expect(isinstance(text, str) and len(text) <= 40, "malformed float")
+        try:
+            return float(text)  # type: ignore[arg-type]
+        except ValueError:
+            raise BadPayload("malformed float") from None
+    if kind == "str":
+        _expect(isinstance(node.get("v"), str), "malformed str")
+        return node["v"]
+    if kind in ("list", "tuple"):
+        items = node.get("v")
+        _expect(isinstance(items, list), "malformed list")
+        values = [decode_value(v, depth + 1) for v in items]  # type: ignore[union-attr]
+        return values if kind == "list" else tuple(values)
+    if kind == "dict":
+        pairs = node.get("v")
+        _expect(isinstance(pairs, list) and all(isinstance(p, list) and len(p) == 2 for p in pairs), "malformed dict")
+        decoded = {}
+        for key_node, value_node in pairs:  # type: ignore[union-attr]
+            key = decode_value(key_node, depth + 1)
+            try:
+                hash(key)
+            except TypeError:
+                raise BadPayload("unhashable dict key") from None
+            decoded[key] = decode_value(value_node, depth + 1)
+        return decoded
+    if kind == "tensor":
+        return _decode_tensor(node)
+    if kind == "other":
+        return Opaque(safe_type_name(node.get("type", "?")))
+    raise BadPayload(f"unknown value kind {safe_type_name(kind)}")
+
+
+def _decode_tensor(node: dict) -> torch.Tensor:
+    dtype = DTYPES.get(node.get("dtype", ""))
+    shape = node.get("shape")
+    data = node.get("data")
+    _expect(dtype is not None, "tensor of an unknown dtype")
+    _expect(isinstance(shape, list) and len(shape) <= 8 and all(isinstance(s, int) and s >= 0 for s in shape),
+            "malformed tensor shape")
+    _expect(isinstance(data, str), "malformed tensor data")
+    assert dtype is not None and isinstance(shape, list) and isinstance(data, str)
+    numel = math.prod(shape)
+    _expect(numel <= 2**31, "tensor too large")
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except ValueError:
+        raise BadPayload("malformed tensor data") from None
+    _expect(len(raw) == numel * itemsize, "tensor data does not match its shape")
+    if numel == 0:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(raw), dtype=dtype).reshape(shape).clone()
+
+
+def _spec(node: object) -> dict:
+    if not isinstance(node, dict):
+        return {}
+    spec: dict = {}
+    for key in ("rtol", "atol"):
+        if isinstance(node.get(key), (int, float)) and not isinstance(node.get(key), bool):
+            spec[key] = float(node[key])
+    for key in ("hint", "message"):
+        if isinstance(node.get(key), str):
+            spec[key] = node[key]
+    if isinstance(node.get("any_shape"), bool):
+        spec["any_shape"] = node["any_shape"]
+    hints = node.get("factor_hints")
+    if isinstance(hints, list):
+        spec["factor_hints"] = {float(k): str(v) for k, v in hints
+                                if isinstance(k, (int, float)) and isinstance(v, str)}
+    return spec
+
+
+def decode_payload(raw: object) -> ScenarioRecord:
+    """A scenario's payload (JSON already parsed by the kernel client) as a ScenarioRecord; BadPayload if not one."""
+    _expect(isinstance(raw, dict), "payload is not an object")
+    assert isinstance(raw, dict)
+    test, observed, expected, error = raw.get("test"), raw.get("observed"), raw.get("expected"), raw.get("error")
+    _expect(isinstance(test, str) and isinstance(observed, list) and isinstance(expected, list), "malformed payload")
+    _expect(error is None or isinstance(error, str), "malformed error")
+    items = []
+    for item in observed:  # type: ignore[union-attr]
+        _expect(isinstance(item, dict) and isinstance(item.get("name"), str), "malformed observation")
+        items.append(Observation(item["name"][:MAX_NAME_CHARS], decode_value(item.get("value")), _spec(item.get("spec"))))
+    oracle = {}
+    for item in expected:  # type: ignore[union-attr]
+        _expect(isinstance(item, dict) and isinstance(item.get("name"), str), "malformed expected value")
+        oracle[item["name"][:MAX_NAME_CHARS]] = decode_value(item.get("value"))
+    return ScenarioRecord(test, tuple(items), oracle, error)  # type: ignore[arg-type]
+
+
+# --- comparing ----------------------------------------------------------------------------------------------
+
+def _kind(value: object) -> str:
+    if isinstance(value, torch.Tensor):
+        return "a torch.Tensor"
+    if isinstance(value, bool):
+        return "True or False"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return f"a {type(value).__name__}"
+
+
+def _loosened_for(actual: object, spec: dict, expected: object) -> dict:
+    """A correct answer in float32 for float64 inputs is not a wrong answer: allow what rounding the right
+    value to float32 costs (twice over). Half precision gets nothing: its rounding would hide real mistakes."""
+    if not (isinstance(actual, torch.Tensor) and actual.dtype == torch.float32):
+        return spec
+    if isinstance(expected, torch.Tensor) and expected.is_floating_point() and expected.dtype != torch.float64:
+        return spec
+    exact = expected.detach().double() if isinstance(expected, torch.Tensor) else torch.tensor(float(expected),  # type: ignore[arg-type]
+                                                                                                dtype=torch.float64)
+    rounding = float((exact - exact.float().double()).abs().max()) if exact.numel() else 0.0
+    loosened = dict(spec)
+    loosened["atol"] = spec.get("atol", 1e-6) + 2 * rounding
+    loosened["rtol"] = max(spec.get("rtol", 1e-4), 2 * torch.finfo(torch.float32).eps)
+    return loosened
+
+
+def _format(template: str, got: object, expected: object) -> str:
+    def shown(value: object) -> str:
+        if isinstance(value, Opaque):
+            return value.type_name
+        if isinstance(value, torch.Tensor):
+            return f"a tensor of shape {list(value.shape)}"
+        text = repr(value)
+        return text if len(text) <= 80 else text[:77] + "..."
+
+    return template.replace("{got}", shown(got)).replace("{expected}", shown(expected))
+
+
+def _equal(actual: object, expected: object, name: str, spec: dict) -> str | None:
+    if actual == expected and type(actual) is type(expected):
+        return None
+    return _format(spec.get("message") or f"{name}: expected {{expected}}, got {{got}}.", actual, expected)
+
+
+def compare(actual: object, expected: object, name: str, spec: dict) -> str | None:
+    """None when `actual` matches `expected` under `spec`; else the message the student reads.
+
+    Tensors and numbers go through helpers.checks (shape, finiteness, tolerance, factor hints); lists,
+    tuples and dicts item by item (a list and a tuple are interchangeable); anything else must be equal,
+    and `spec["message"]` (with {got} and {expected}) says what is wrong.
+    """
+    if isinstance(expected, bool) or expected is None or isinstance(expected, str):
+        return _equal(actual, expected, name, spec)
+    if isinstance(actual, Opaque):
+        return f"{name} should be {_kind(expected)}, got {actual.type_name}."
+    options = {k: spec[k] for k in ("rtol", "atol", "hint", "factor_hints") if k in spec}
+    try:
+        if isinstance(expected, torch.Tensor):
+            if isinstance(actual, torch.Tensor) and actual.is_complex() and not expected.is_complex():
+                return f"{name} should be a real tensor, got a complex one."
+            if spec.get("any_shape") and isinstance(actual, torch.Tensor) and actual.numel() == expected.numel():
+                actual = actual.reshape(expected.shape)
+            check_tensor(actual, expected, name=name, **_loosened_for(actual, options, expected))
+            return None
+        if isinstance(expected, (int, float)):
+            check_scalar(actual, float(expected), name=name, **_loosened_for(actual, options, expected))
+            return None
+    except CheckFailure as failure:
+        return str(failure)
+    if isinstance(expected, (list, tuple)):
+        if not isinstance(actual, (list, tuple)):
+            return f"{name} should be a list of {len(expected)} items, got {_kind(actual)}."
+        if len(actual) != len(expected):
+            return f"{name} should have {len(expected)} items, got {len(actual)}."
+        for index, (a, e) in enumerate(zip(actual, expected)):
+            problem = compare(a, e, f"{name}[{index}]", spec)
+            if problem:
+                return problem
+        return None
+    if isinstance(expected, dict):
+        if not isinstance(actual, dict):
+            return f"{name} should be a dict, got {_kind(actual)}."
+        if set(actual) != set(expected):
+            missing = sorted(map(str, set(expected) - set(actual)))[:3]
+            extra = sorted(map(str, set(actual) - set(expected)))[:3]
+            return f"{name}: keys differ (missing {missing}, unexpected {extra})."
+        for key in expected:
+            problem = compare(actual[key], expected[key], f"{name}[{key!r}]", spec)
+            if problem:
+                return problem
+        return None
+    return _equal(actual, expected, name, spec)
+
+
+def judge(test: str, max_points: float, reference: ScenarioRecord, student: ScenarioRecord | None,
+          failure: str = "") -> Verdict:
+    """The verdict for one test cell: full points when every reference observation is matched, else 0.
+
+    `failure` names what stopped the scenario in the student's kernel (timeout, dead kernel, no result);
+    the reference's observations, oracle values and specs are the only source of what is right.
+    """
+    got: dict[str, object] = {}
+    if student is not None:
+        for item in student.observed:
+            got.setdefault(item.name, item.value)
+    for item in reference.observed:
+        want = reference.expected.get(item.name, item.value)
+        if item.name not in got:
+            if failure:
+                return Verdict(test, 0.0, max_points, f"{item.name}: not checked — {failure}.")
+            raised = shown_error(student.error if student else None)
+            if student is not None and student.error == "NotImplementedError":
+                return Verdict(test, 0.0, max_points, f"{test}: not answered yet (NotImplementedError).")
+            if student is not None and student.error == "NameError":
+                return Verdict(test, 0.0, max_points, f"{item.name}: your code raised NameError before this could be "
+                               "checked. At grading, set-up cells, your answers and your own cells run, but test, demo "
+                               "and claim cells do not: define everything your answer uses in your own cells.")
+            if student is not None and student.error:
+                return Verdict(test, 0.0, max_points, f"{item.name}: your code raised {raised} before this could be checked.")
+            return Verdict(test, 0.0, max_points, f"{item.name}: not checked — the test did not run to the end.")
+        try:
+            problem = compare(got[item.name], want, item.name, item.spec)
+        except Exception:  # a value no comparison can take (10**350 as a float) is a wrong value
+            problem = f"{item.name}: the value returned could not be compared with the right one."
+        if problem:
+            return Verdict(test, 0.0, max_points, problem)
+    return Verdict(test, max_points, max_points)
+
+
+def behaves_like(student: ScenarioRecord, mistake: ScenarioRecord, reference: ScenarioRecord) -> bool:
+    """True when the student's scenario agrees with a known mistake's on every observation the reference made.
+
+    Precision first: every observation must be present in both or missing in both (then ended by the same
+    error), and each present pair must match under the reference's tolerances.
+    """
+    got = {item.name: item.value for item in student.observed}
+    theirs = {item.name: item.value for item in mistake.observed}
+    for item in reference.observed:
+        if (item.name in got) != (item.name in theirs):
+            return False
+        if item.name not in got:
+            return student.error == mistake.error
+        if not _alike(got[item.name], theirs[item.name], item.spec):
+            return False
+    return True
+
+
+def _alike(a: object, b: object, spec: dict) -> bool:
+    """`compare`'s agreement, except that NaN agrees with NaN (a mistake that makes NaN is still that mistake)."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and a.is_complex() == b.is_complex():
+        return bool(torch.allclose(a.detach().double(), b.detach().double(), rtol=spec.get("rtol", 1e-4),
+                                   atol=spec.get("atol", 1e-6), equal_nan=True)) if a.numel() else True
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_alike(x, y, spec) for x, y in zip(a, b))
+    return compare(a, b, "", spec) is None

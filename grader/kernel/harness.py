@@ -1,0 +1,269 @@
+"""Run a graded notebook's cells in a kernel, step by step, and collect what each step produced.
+
+This is the trusted side's view of the student's kernel: it sends code, reads the messages that come
+back (bounded in size), interrupts a step that runs past its limit and kills the kernel when the
+interrupt does not help. When the kernel dies or is killed, a fresh one replays the cells that ran
+before (setup and the student's own cells, never a hidden test) and grading goes on with the next
+step, so one crash costs only the exercise it happened in.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from queue import Empty
+
+from jupyter_client import KernelManager
+
+from grader.kernel import probe
+
+PROBE_SOURCE = Path(probe.__file__).read_text(encoding="utf-8")
+MAX_OUTPUT_CHARS = 1_000_000  # per step, what a cell prints or displays
+MAX_TOTAL_OUTPUT_CHARS = 8_000_000  # per notebook: what the grader keeps of all steps' output together
+MAX_PAYLOAD_CHARS = 16 * 2**20  # per step, what scenarios send back
+MAX_MESSAGE_BYTES = 16 * 2**20  # one message larger than this drops the connection (zmq MAXMSGSIZE)
+RECEIVE_QUEUE = 32  # messages zmq holds unread per socket (RCVHWM); a publisher drops the rest
+INTERRUPT_GRACE_S = 10.0
+MAX_RESTARTS = 3
+
+# Why a step did not finish normally (StepRun.failure).
+TIMEOUT = "timeout"  # interrupted after the time limit; the kernel lived on
+KILLED = "killed"  # still running after the interrupt: the kernel was killed
+DIED = "died"  # the kernel died while the step ran
+OUTPUT_LIMIT = "output limit"  # more output than MAX_OUTPUT_CHARS: the rest was dropped
+NOT_RUN = "not run"  # no kernel could be started for it
+SKIPPED = "skipped"  # a cell of the student's own after their cells had used OWN_CELLS_BUDGET
+
+
+def own_cells_budget(timeout: float) -> float:
+    """Seconds the cells a student added may take together; after that they are skipped (answers and tests
+    still run), so a notebook full of slow scratch cells costs nothing but those cells."""
+    return max(120.0, 4 * timeout)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One thing to run: a cell of the notebook, or a test cell's hidden scenario."""
+
+    label: str  # grade id of the cell, or "cell N" for a cell the student added
+    code: str
+    by_student: bool
+    test: str = ""  # the test id when this step is a scenario
+    added: bool = False  # a cell the student added: it runs within OWN_CELLS_BUDGET
+
+
+@dataclass
+class StepRun:
+    """What one step produced."""
+
+    outputs: list[dict] = field(default_factory=list)  # nbformat outputs
+    error: str | None = None  # the exception's class name when the step raised
+    failure: str = ""  # TIMEOUT, KILLED, DIED, OUTPUT_LIMIT, NOT_RUN or ""
+    seconds: float = 0.0
+    payloads: list[dict] = field(default_factory=list)  # scenario results (probe.MIME display data)
+    reason: str = ""  # DIED: why, when the sandbox knows (a limit it enforces); see Kernel.exit_reason
+
+
+class Kernel:
+    """One kernel, driven message by message."""
+
+    def __init__(self, manager: KernelManager, startup_timeout: float = 120, scratch: str = "",
+                 exit_reason: Callable[[], str] | None = None, **start: object) -> None:
+        self.manager = manager
+        self.scratch = scratch  # a folder of the kernel's own, removed when it stops
+        # after the kernel died: which limit killed it ("memory limit: …"), or "" when nothing says
+        self.exit_reason = exit_reason or (lambda: "")
+        manager.start_kernel(**start)
+        self.client = manager.client()
+        try:
+            _bound_sockets(self.client.context)  # before any socket of the client exists
+            # Only what grading reads: no stdin or heartbeat socket that a kernel could fill unread.
+            self.client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
+            self.client.wait_for_ready(timeout=startup_timeout)
+        except BaseException:
+            # A kernel that died starting (e.g. at a memory limit) must not leave open sockets behind: the garbage
+            # collector would later block forever terminating their context.
+            self.stop()
+            raise
+
+    def alive(self) -> bool:
+        return bool(self.manager.is_alive())
+
+    def stop(self) -> None:
+        try:
+            self.client.stop_channels()
+            self.client.context.destroy(linger=0)
+        finally:
+            if self.manager.has_kernel:
+                self.manager.shutdown_kernel(now=True)
+            self.manager.cleanup_resources()
+            if self.scratch:
+                shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def run(self, code: str, timeout: float, store_history: bool = True) -> StepRun:
+        """Execute `code`; stop it after `timeout` seconds (interrupt, then kill)."""
+        started = time.monotonic()
+        result = StepRun()
+        chars = payload_chars = 0
+        msg_id = self.client.execute(code, store_history=store_history, allow_stdin=False, stop_on_error=False)
+        deadline, interrupted = started + timeout, None
+        while True:
+            now = time.monotonic()
+            if interrupted is None and now > deadline:
+                result.failure = TIMEOUT
+                self.manager.interrupt_kernel()
+                interrupted = now
+            elif interrupted is not None and now > interrupted + INTERRUPT_GRACE_S:
+                result.failure = KILLED
+                self.manager.shutdown_kernel(now=True)  # "now": kill, no polite request
+                break
+            try:
+                msg = self.client.get_iopub_msg(timeout=0.25)
+            except Empty:
+                if not self.alive():
+                    result.failure = DIED
+                    result.reason = self.exit_reason()
+                    break
+                continue
+            except Exception:  # a message the kernel forged badly (bad signature, not JSON): dropped
+                continue
+            if not isinstance(msg.get("parent_header"), dict) or not isinstance(msg.get("content"), dict):
+                continue
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "status" and content.get("execution_state") == "idle":
+                break
+            if kind == "clear_output":
+                result.outputs.clear()
+                continue
+            if kind not in ("stream", "display_data", "execute_result", "error"):
+                continue
+            if kind == "error":
+                result.error = str(content.get("ename", "Error"))[:200]
+            size = len(json.dumps(content, default=str))
+            if kind == "display_data" and probe.MIME in content.get("data", {}):
+                payload_chars += size
+                if payload_chars <= MAX_PAYLOAD_CHARS:
+                    result.payloads.append(content["data"][probe.MIME])
+                continue
+            chars += size
+            if chars > MAX_OUTPUT_CHARS:
+                result.failure = result.failure or OUTPUT_LIMIT
+                continue
+            result.outputs.append(_as_output(kind, content))
+        result.seconds = time.monotonic() - started
+        return result
+
+
+def _bound_sockets(context) -> None:
+    """Every socket the client opens from now on drops a message over MAX_MESSAGE_BYTES and queues at most
+    RECEIVE_QUEUE of them unread: whatever the kernel sends, the grader's memory stays bounded."""
+    import zmq
+
+    context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+    context.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)
+
+
+def _as_output(kind: str, content: dict) -> dict:
+    if kind == "stream":
+        return {"output_type": "stream", "name": content.get("name", "stdout"), "text": str(content.get("text", ""))}
+    if kind == "error":
+        return {"output_type": "error", "ename": str(content.get("ename", "")), "evalue": str(content.get("evalue", "")),
+                "traceback": [str(line) for line in content.get("traceback", [])]}
+    output: dict[str, object] = {"output_type": kind, "data": dict(content.get("data", {})), "metadata": {}}
+    if kind == "execute_result":
+        output["execution_count"] = None
+    return output
+
+
+def snapshot_code() -> str:
+    """The step after a set-up cell: remember the names set-up made (injected reference code is defined among them)."""
+    return f"{probe.SETUP_NAMES} = dict(globals())\n"
+
+
+def scenario_code(test: str, code: str, answers: tuple[str, ...], inject: str = "", inject_names: tuple[str, ...] = ()) -> str:
+    """The cell that runs one scenario through a fresh copy of grader/kernel/probe.py inside the kernel."""
+    return (
+        "def _tml_scenario():\n"
+        "    import types\n"
+        "    module = types.ModuleType('_tml_probe')\n"
+        f"    exec({PROBE_SOURCE!r}, module.__dict__)\n"
+        f"    module.run({test!r}, {code!r}, {tuple(answers)!r}, {inject!r}, {tuple(inject_names)!r})\n"
+        "_tml_scenario()\n"
+        "del _tml_scenario\n"
+    )
+
+
+def run_steps(steps: list[Step], new_kernel: Callable[[], Kernel], timeout: float,
+              clock: dict[str, float] | None = None) -> list[StepRun]:
+    """Run every step in order; after a crash, a new kernel replays the cells that ran and grading goes on.
+
+    `clock`, when given, adds up the seconds spent starting kernels (with replays) and stopping them.
+    """
+    clock = {} if clock is None else clock
+
+    def timed(key: str, began: float) -> None:
+        clock[key] = clock.get(key, 0.0) + time.monotonic() - began
+
+    runs: list[StepRun] = []
+    kernel: Kernel | None = None
+    replay: list[Step] = []  # cells (never scenarios) that ran without taking the kernel down
+    restarts = 0
+    kept = 0  # output characters kept so far: a flood spread over many cells is still bounded
+    own_seconds, budget = 0.0, own_cells_budget(timeout)
+    try:
+        for step in steps:
+            if kernel is None:
+                began = time.monotonic()
+                kernel, restarts = _fresh(new_kernel, replay, timeout, restarts, first=not runs)
+                timed("kernel start", began)
+            if kernel is None:
+                run = StepRun(failure=NOT_RUN)
+            elif step.added and own_seconds >= budget:
+                run = StepRun(failure=SKIPPED)
+            else:
+                run = kernel.run(step.code, timeout, store_history=not step.test)
+                if run.failure in (KILLED, DIED):
+                    began = time.monotonic()
+                    kernel.stop()
+                    kernel = None
+                    timed("kernel stop", began)
+                elif not step.test:
+                    replay.append(step)
+            if step.added:
+                own_seconds += run.seconds
+            kept += sum(len(json.dumps(out, default=str)) for out in run.outputs)
+            if kept > MAX_TOTAL_OUTPUT_CHARS and run.outputs:
+                run.outputs.clear()
+                run.failure = run.failure or OUTPUT_LIMIT
+            runs.append(run)
+    finally:
+        if kernel is not None:
+            began = time.monotonic()
+            kernel.stop()
+            timed("kernel stop", began)
+    return runs
+
+
+def _fresh(new_kernel: Callable[[], Kernel], replay: list[Step], timeout: float, restarts: int,
+           first: bool) -> tuple[Kernel | None, int]:
+    """A started kernel with `replay` run in it, or None when the restarts are used up or it will not start."""
+    if not first:
+        if restarts >= MAX_RESTARTS:
+            return None, restarts
+        restarts += 1
+    try:
+        kernel = new_kernel()
+    except Exception:
+        return None, restarts
+    for step in replay:
+        run = kernel.run(step.code, timeout)
+        if run.failure in (KILLED, DIED):
+            kernel.stop()
+            return None, restarts
+    return kernel, restarts

@@ -1,0 +1,204 @@
+"""What one submission may use, and how the machine enforces it: the sandbox's limits and memory cgroups.
+
+Every limit is an environment variable (`Limits.from_env`); `enforcement()` says how each is enforced
+here (`python -m grader.kernel.sandbox check` prints it). grader/kernel/sandbox.py builds the sandbox with them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+# torch needs about 1.5 GiB of address space to load; notebooks that start two gloo ranks need more
+MEMORY_ENV = "COURSE_SANDBOX_MEMORY_BYTES"
+DEFAULT_MEMORY_BYTES = 4 * 2**30
+MAX_FILE_BYTES = 256 * 2**20
+DISK_ENV = "COURSE_SANDBOX_DISK_BYTES"  # tmpfs for /tmp (home and working folder)
+SHM_ENV = "COURSE_SANDBOX_SHM_BYTES"  # tmpfs for /dev/shm; 0: none
+PROCESSES_ENV = "COURSE_SANDBOX_PROCESSES"  # processes and threads of the submission
+CPU_ENV = "COURSE_SANDBOX_CPU_SECONDS"  # per process
+CGROUPS_ENV = "COURSE_SANDBOX_CGROUPS"  # "off": no cgroup, the memory watchdog instead
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one submission may use; every field can be set through its environment variable."""
+
+    memory_bytes: int = DEFAULT_MEMORY_BYTES  # all processes together
+    address_space_bytes: int = DEFAULT_MEMORY_BYTES  # RLIMIT_AS of each process (torch needs about 1.5 GiB)
+    file_bytes: int = MAX_FILE_BYTES  # RLIMIT_FSIZE
+    disk_bytes: int = 512 * 2**20  # /tmp
+    shm_bytes: int = 64 * 2**20  # /dev/shm and System V shared memory
+    inodes: int = 65536  # files in /tmp
+    processes: int = 256  # RLIMIT_NPROC: processes and threads
+    cpu_seconds: int = 600  # RLIMIT_CPU of each process
+
+    @classmethod
+    def from_env(cls) -> Limits:
+        def number(name: str, default: int) -> int:
+            return int(os.environ.get(name, default))
+
+        base = cls()
+        memory = number(MEMORY_ENV, base.memory_bytes)
+        return cls(memory_bytes=memory, address_space_bytes=memory, disk_bytes=number(DISK_ENV, base.disk_bytes),
+                   shm_bytes=number(SHM_ENV, base.shm_bytes), processes=number(PROCESSES_ENV, base.processes),
+                   cpu_seconds=number(CPU_ENV, base.cpu_seconds))
+
+    def json(self) -> str:
+        return json.dumps(asdict(self))
+
+
+def limits_key() -> str:
+    """Everything about the sandbox that can change a grade (for a cache key)."""
+    return Limits.from_env().json() + os.environ.get(CGROUPS_ENV, "")
+
+
+# --- cgroups ------------------------------------------------------------------------------------------------
+
+def _lines(path: str) -> list[str]:
+    with open(path) as f:
+        return f.read().splitlines()
+
+
+def _mountinfo() -> list[tuple[str, str, str, str]]:
+    """(root, mount point, fs type, super options) of each mount this process sees."""
+    found = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            tail = fields[fields.index("-") + 1:]
+            found.append((fields[3], fields[4], tail[0], tail[2] if len(tail) > 2 else ""))
+    return found
+
+
+class MemoryCgroups:
+    """One cgroup per submission with its memory limit, below the grader's own cgroup.
+
+    v2: needs the memory controller enabled for the grader's cgroup's children (delegation); v1: needs
+    write access to the memory hierarchy (a root grader). `detect()` returns None where neither works.
+    """
+
+    def __init__(self, version: int, base: Path, tag: str) -> None:
+        self.version, self.base, self.tag = version, base, tag
+
+    @classmethod
+    def detect(cls, tag: str) -> MemoryCgroups | None:
+        if os.environ.get(CGROUPS_ENV, "auto") == "off":
+            return None
+        for candidate in (cls._v2(tag), cls._v1(tag)):
+            if candidate is not None and candidate._works():
+                return candidate
+        return None
+
+    @classmethod
+    def _v2(cls, tag: str) -> MemoryCgroups | None:
+        try:
+            path = next(line.split(":", 2)[2].strip() for line in _lines("/proc/self/cgroup") if line.startswith("0::"))
+            mount = next(point for root, point, fstype, _ in _mountinfo() if fstype == "cgroup2" and root == "/")
+        except (OSError, StopIteration):
+            return None
+        base = Path(mount + path)
+        try:  # delegated: the memory controller is on for the grader's cgroup's children (never switched on here)
+            if "memory" not in (base / "cgroup.subtree_control").read_text().split():
+                return None
+        except OSError:
+            return None
+        return cls(2, base, tag)
+
+    @classmethod
+    def _v1(cls, tag: str) -> MemoryCgroups | None:
+        try:
+            path = next(line.split(":", 2)[2].strip() for line in _lines("/proc/self/cgroup")
+                        if "memory" in line.split(":", 2)[1].split(","))
+            mount = next(point for root, point, fstype, opts in _mountinfo()
+                         if fstype == "cgroup" and "memory" in opts.split(",") and root == "/")
+        except (OSError, StopIteration, IndexError):
+            return None
+        return cls(1, Path(mount + path), tag)
+
+    def sweep(self) -> None:
+        """Remove the cgroups that workers no longer running left behind (a worker killed before its cleanup)."""
+        for folder in self.base.glob("tml-*"):
+            pid = folder.name.split("-")[1]
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                try:
+                    folder.rmdir()
+                except OSError:
+                    pass
+
+    def _works(self) -> bool:
+        try:
+            self.create("probe", 2**30)
+        except OSError:
+            return False
+        finally:
+            self.remove("probe")
+        return True
+
+    def path(self, name: str) -> Path:
+        return self.base / f"tml-{self.tag}-{name}"
+
+    def create(self, name: str, memory_bytes: int) -> list[str]:
+        """A fresh cgroup limited to `memory_bytes` (no swap); the cgroup.procs file a process writes 0 into."""
+        folder = self.path(name)
+        self.remove(name)
+        folder.mkdir()
+        if self.version == 2:
+            (folder / "memory.max").write_text(str(memory_bytes))
+            if (folder / "memory.swap.max").exists():
+                (folder / "memory.swap.max").write_text("0")
+            if (folder / "memory.oom.group").exists():  # over the limit, the whole submission goes, as with v1's
+                (folder / "memory.oom.group").write_text("1")  # watchdog: the status then names the limit
+        else:
+            (folder / "memory.limit_in_bytes").write_text(str(memory_bytes))
+            if (folder / "memory.memsw.limit_in_bytes").exists():
+                (folder / "memory.memsw.limit_in_bytes").write_text(str(memory_bytes))
+        return [str(folder / "cgroup.procs")]
+
+    def oom_kills(self, name: str) -> int:
+        """How many processes the kernel killed in this cgroup for going over its limit."""
+        folder = self.path(name)
+        try:
+            text = (folder / ("memory.events" if self.version == 2 else "memory.oom_control")).read_text()
+        except OSError:
+            return 0
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return 0
+
+    def remove(self, name: str) -> None:
+        folder = self.path(name)
+        for _ in range(200):  # processes that are exiting still hold it for a moment
+            try:
+                folder.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                import time
+
+                time.sleep(0.01)
+
+
+def enforcement() -> dict[str, str]:
+    """How each limit is enforced on this machine, for this user (for the instructor and the README)."""
+    limits = Limits.from_env()
+    cgroups = MemoryCgroups.detect(f"check-{os.getpid()}")
+    memory = (f"cgroup v{cgroups.version} memory limit {limits.memory_bytes} bytes for all processes together"
+              if cgroups else
+              f"NO cgroup here (no delegated cgroup v2 memory controller, no writable v1 hierarchy): a watchdog "
+              f"in the sandbox's PID 1 kills the submission when its processes hold more than "
+              f"{limits.memory_bytes} bytes of anonymous and shared memory (polled every 50 ms)")
+    return {
+        "memory": memory + f"; RLIMIT_AS {limits.memory_bytes} bytes per process",
+        "processes": f"RLIMIT_NPROC {limits.processes} in the submission's user namespace",
+        "writable space": f"tmpfs /tmp {limits.disk_bytes} bytes, /dev/shm {limits.shm_bytes} bytes, "
+                          f"{limits.file_bytes} bytes per file (RLIMIT_FSIZE)",
+        "cpu": f"RLIMIT_CPU {limits.cpu_seconds} s per process",
+        "user": ("uid nobody outside its user namespace, no capabilities" if os.geteuid() == 0 else
+                 f"uid {os.geteuid()} (yours) outside its user namespace, no capabilities"),
+    }

@@ -1,0 +1,221 @@
+"""The grading sandbox: every submission's Jupyter kernel in namespaces of its own, with real limits.
+
+Each submission's kernel is forked from a warm process that has torch imported (grader/kernel/forkserver.py)
+and then gets fresh user, mount, IPC, network, UTS, PID and cgroup namespaces: a root filesystem of
+read-only binds (the operating system, Python, `helpers/`), a sized tmpfs for /tmp (its home and
+working folder) and /dev/shm, loopback only, and a uid that is `nobody` on the host when the grader runs
+as root (the grader's own uid otherwise) with no capabilities. It sees neither `solutions/`, the
+gradebook, the notebook with the hidden tests nor other students' files, and nothing it leaves — files,
+mounts, processes, IPC objects — outlives it. The only folder it shares with the grader holds its
+sockets and is read-only from the moment the kernel listens.
+
+Limits per submission (environment variables; see `Limits`): memory of all its processes together
+(cgroup v2 memory.max where the grader may create cgroups, cgroup v1 where only that exists, else a
+watchdog in the sandbox's PID 1 — `enforcement()` says which holds here), processes (RLIMIT_NPROC in
+its user namespace), writable space (tmpfs sizes), bytes per file, CPU seconds per process.
+
+This module describes the sandbox (what it binds, its environment, its limits) and is the worker's client
+of the fork server; grader/kernel/kernelspec.py is how jupyter_client reaches it.
+
+    python -m grader.kernel.sandbox check       # can the sandbox be built here, and how are its limits enforced
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+from grader.kernel.limits import Limits, MemoryCgroups, enforcement
+from grader.paths import KERNEL_PACKAGES
+
+FORKSERVER = Path(__file__).resolve().parent / "forkserver.py"
+NOBODY = 65534
+
+
+# --- what the sandbox binds ---------------------------------------------------------------------------------
+
+def _ro_binds() -> list[str]:
+    """What the kernel sees, read-only: the system, Python, the site-packages it imports from, helpers/ and
+    labkit/ (not the rest of the repository: not solutions/, not grader/)."""
+    paths = ["/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/etc", sys.base_prefix, sys.prefix,
+             *map(str, KERNEL_PACKAGES)]
+    # e.g. another environment's packages, added by a .pth file
+    paths += [os.path.realpath(p) for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
+    paths = [p for p in dict.fromkeys(paths) if os.path.lexists(p)]
+    return [p for p in paths if not any(p.startswith(other.rstrip("/") + "/") for other in paths if other != p)]
+
+
+def _kernel_env() -> dict[str, str]:
+    return {
+        "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+        "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+        "LANG": os.environ.get("LANG", "C.UTF-8"),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYDEVD_DISABLE_FILE_VALIDATION": "1",  # debugpy (preloaded for ipykernel) warns about frozen modules
+    }
+
+
+def sandbox_request(folder: Path, cgroups: list[str], limits: Limits) -> dict:
+    """What the fork server needs to build one submission's sandbox (JSON): its folder, binds, environment, limits."""
+    return {"folder": str(folder), "ro_binds": _ro_binds(), "env": _kernel_env(), "cgroups": cgroups,
+            "watchdog": not cgroups, "limits": asdict(limits)}
+
+
+def _own_folder(folder: Path) -> None:
+    """The submission's socket folder, writable by the kernel's uid until the kernel seals it."""
+    folder.mkdir()
+    if os.geteuid() == 0:
+        os.chown(folder, NOBODY, NOBODY)
+
+
+def remove_tree(path: Path) -> None:
+    """Delete `path` whatever its contents' permissions (what a kernel wrote there before it was sealed)."""
+    if not os.path.lexists(path):
+        return
+    if path.is_dir() and not path.is_symlink():
+        os.chmod(path, stat.S_IRWXU)
+        for entry in path.iterdir():
+            remove_tree(entry)
+        path.rmdir()
+    else:
+        path.unlink()
+
+
+@functools.lru_cache(maxsize=1)
+def why_unavailable() -> str:
+    """'' when a kernel sandbox can be built here (tried once: namespaces, mounts, dropping privileges); else why not."""
+    folder = Path(tempfile.mkdtemp(prefix="sandbox-probe-"))
+    try:
+        _own_folder(folder / "run")
+        request = {**sandbox_request(folder / "run", [], Limits()), "probe": True}
+        probe = subprocess.run([sys.executable, str(FORKSERVER), "--single", json.dumps(request)],
+                               capture_output=True, text=True, timeout=60, env=_kernel_env(), check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        remove_tree(folder)
+    if probe.returncode == 0:
+        return ""
+    lines = [line for line in probe.stderr.splitlines() if line.strip()]
+    return lines[-1] if lines else f"exit status {probe.returncode}"
+
+
+class ForkServer:
+    """The worker's warm process (grader/kernel/forkserver.py); it builds a fresh sandbox for each kernel it forks.
+
+    One kernel at a time: `next_runtime` waits until everything of the last submission is gone, removes
+    its socket folder and cgroup, and prepares the next ones. The kernelspec launcher finds the server
+    and the request through grader.kernel.kernelspec's FORKSERVER_ENV and REQUEST_ENV variables.
+    """
+
+    def __init__(self) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="forkserver-"))  # 0700: only the grader's user gets in
+        self.runtime = self.folder / "runtime"
+        self.runtime.mkdir()
+        self.control = self.folder / "control.sock"
+        self.process: subprocess.Popen | None = None
+        self.submissions = 0
+        self.limits = Limits.from_env()
+        self.cgroups = MemoryCgroups.detect(f"{os.getpid()}-{self.folder.name[-8:]}")
+        if self.cgroups is not None:
+            self.cgroups.sweep()
+        else:
+            print("grader: no cgroup for the sandbox's memory limit here; a watchdog enforces it "
+                  "(python -m grader.kernel.sandbox check)", file=sys.stderr)
+
+    def _start(self) -> None:
+        self.stop()
+        self.control.unlink(missing_ok=True)
+        mplconfig = self.folder / "matplotlib"
+        mplconfig.mkdir(exist_ok=True)
+        for fontlist in (Path.home() / ".cache" / "matplotlib").glob("fontlist-*.json"):  # no font-cache rebuild
+            shutil.copy(fontlist, mplconfig)
+        env = {**_kernel_env(), "HOME": str(self.folder), "MPLCONFIGDIR": str(mplconfig)}
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+            listener.bind(str(self.control))
+            listener.listen(8)
+            argv = [sys.executable, str(FORKSERVER), str(listener.fileno())]
+            # Only the server holds the listening socket: if it dies, connecting fails at once.
+            self.process = subprocess.Popen(argv, pass_fds=(listener.fileno(),), stdin=subprocess.DEVNULL, env=env,
+                                            cwd=self.folder)
+
+    def _ask(self, request: dict, timeout: float) -> str:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(timeout)
+            conn.connect(str(self.control))
+            conn.sendall((json.dumps(request) + "\n").encode())
+            return conn.makefile().readline().strip()
+
+    def _clean(self) -> None:
+        """Remove the last submission's socket folder, request, exit report and cgroup."""
+        for entry in self.runtime.iterdir():
+            remove_tree(entry)
+        if self.cgroups is not None and self.submissions:
+            self.cgroups.remove(str(self.submissions))
+
+    def next_runtime(self, timeout: float = 120) -> Path:
+        """Wait until the last submission is gone (restarting the server if it died or hangs); a fresh socket folder."""
+        try:
+            if self.process is None or self.process.poll() is not None:
+                raise ConnectionError("not running")
+            answer = self._ask({}, timeout)
+        except OSError:
+            answer = ""
+        if answer != "idle":
+            self._start()
+            if self._ask({}, timeout) != "idle":
+                raise RuntimeError("the grading sandbox did not start: see the worker log")
+        self._clean()
+        self.submissions += 1
+        folder = self.runtime / f"submission-{self.submissions}"
+        _own_folder(folder)
+        cgroups = self.cgroups.create(str(self.submissions), self.limits.memory_bytes) if self.cgroups else []
+        folder.with_suffix(".request.json").write_text(json.dumps(sandbox_request(folder, cgroups, self.limits)))
+        return folder
+
+    def exit_reason(self, folder: Path) -> str:
+        """Why the kernel of `folder` died, when a limit killed it; '' otherwise (or while it runs)."""
+        try:
+            report = json.loads(folder.with_suffix(".exit.json").read_text())
+        except (OSError, ValueError):
+            report = {}
+        if report.get("reason"):
+            return str(report["reason"])
+        name = folder.name.removeprefix("submission-")
+        killed = report.get("exit") == 128 + 9  # SIGKILL, what the kernel's OOM killer sends
+        if killed and self.cgroups is not None and self.cgroups.oom_kills(name):
+            return f"memory limit: its processes together reached {self.limits.memory_bytes / 2**30:.2f} GiB (cgroup)"
+        return ""
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+    def close(self) -> None:
+        self.stop()
+        if self.cgroups is not None and self.submissions:
+            self.cgroups.remove(str(self.submissions))
+        remove_tree(self.folder)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["check"]:
+        problem = why_unavailable()
+        print("sandbox: " + (f"cannot be built here: {problem}" if problem else "works"))
+        for what, how in enforcement().items():
+            print(f"  {what}: {how}")
+        sys.exit(1 if problem else 0)
+    else:
+        sys.exit(__doc__)

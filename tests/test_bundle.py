@@ -10,7 +10,8 @@ from grader.author.bundle import bundle, bundle_leaks
 def test_student_bundle_holds_no_solution(tmp_path):
     files = bundle(tmp_path / "bundle")
     names = {p.relative_to(tmp_path / "bundle").parts[0] for p in files}
-    assert names == {"notebooks", "helpers", "labkit", "course", "requirements.txt", "environment.yml", "pyproject.toml", "README.md"}
+    assert names == {"notebooks", "helpers", "labkit", "course", "requirements.txt", "environment.yml", "pyproject.toml",
+                     "README.md"}
     assert bundle_leaks(tmp_path / "bundle") == []
     run = subprocess.run([PYTHON, "-m", "grader", "bundle", str(tmp_path / "second")], cwd=REPO,
                          capture_output=True, text=True)

@@ -25,6 +25,7 @@ class NoteKind(Enum):
     NO_SUBMISSION = "no submission"  # the student handed nothing in for the assignment
     REFUSED = "refused"  # collection refused it: links, special files, unsafe or unknown names
     GRADER_ERROR = "grader error"  # the grader itself failed on this hand-in (see the worker log)
+    NOT_JUDGED = "not judged"  # judging one test failed on the values it got: that test earns nothing, the rest stand
     RENAMED = "renamed"  # graded under another file name than the release's
     EXTRA_FILES = "extra files"  # files beside the notebook, ignored
 
@@ -37,7 +38,7 @@ class NoteKind(Enum):
     def look_at(self) -> bool:
         """Whether the report lists the row under "look at these" (an instructor should read the hand-in)."""
         return self in (NoteKind.TAMPERED, NoteKind.INTERFERENCE, NoteKind.TIMEOUT, NoteKind.KERNEL_DIED,
-                        NoteKind.LIMIT_HIT, NoteKind.SKIPPED, NoteKind.GRADER_ERROR)
+                        NoteKind.LIMIT_HIT, NoteKind.SKIPPED, NoteKind.GRADER_ERROR, NoteKind.NOT_JUDGED)
 
 
 @dataclass(frozen=True)

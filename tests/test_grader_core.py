@@ -26,6 +26,7 @@ from grader.judge.judge import (
     ScenarioRecord,
     behaves_like,
     compare,
+    decode_messages,
     decode_value,
     judge,
     shown_error,
@@ -154,9 +155,10 @@ def test_a_class_the_student_named_is_never_named_back():
         pass
 
     Sneaky.__name__ = "gen = torch.Generator().manual_seed(101)"
-    assert decode_value(probe.encode(Sneaky())) == Opaque("another type")
-    assert decode_value(probe.encode(object())) == Opaque("another type")
-    assert compare(Opaque("another type"), torch.zeros(2), "f", {}) == "f should be a torch.Tensor, got another type."
+    assert decode_value(probe.encode(Sneaky())) == Opaque("an object of another type")
+    assert decode_value(probe.encode(object())) == Opaque("an object of another type")
+    assert (compare(Opaque("an object of another type"), torch.zeros(2), "f", {})
+            == "f should be a torch.Tensor, got an object of another type.")
 
 
 def test_half_precision_hides_no_mistake_and_float32_rounding_is_forgiven():
@@ -168,9 +170,11 @@ def test_half_precision_hides_no_mistake_and_float32_rounding_is_forgiven():
     assert compare(exact + 12345j, exact, "f", {}) == "f should be a real tensor, got a complex one."
 
 
-def test_a_value_that_cannot_be_compared_is_a_failed_test():
+def test_a_value_too_large_for_a_float_is_a_failed_test_with_its_digits_bounded():
     reference = record(("f on 1", 2.0, {}))
-    assert not judge("f", 2, reference, record(("f on 1", 10**350, {}))).passed
+    verdict = judge("f", 2, reference, record(("f on 1", 10**350, {})))
+    assert not verdict.passed and verdict.message == "f on 1: expected 2, got 1e+350."
+    assert not behaves_like(record(("f on 1", 10**350, {})), record(("f on 1", 3.0, {})), reference)
 
 
 # --- judging ----------------------------------------------------------------------------------------------
@@ -312,3 +316,195 @@ def test_a_scenario_leaves_torch_settings_as_it_found_them():
         assert torch.get_default_dtype() == torch.float64
     finally:
         torch.set_default_dtype(torch.float32)
+
+
+# --- what leaves the kernel (the outflow rule) ----------------------------------------------------------------
+
+def sent(test, *observed, error=None, expected=()):
+    """The messages a scenario of `test` sends (grader/kernel/probe.py), as the kernel client parses them."""
+    items = [("observed", n, v) for n, v in observed] + [("expected", n, v) for n, v in expected]
+    messages = [{"test": test, "seq": i, "kind": kind, "item": {"name": n, "value": probe.encode(v), "spec": {}}}
+                for i, (kind, n, v) in enumerate(items)]
+    return json.loads(json.dumps([*messages, {"test": test, "seq": len(items), "kind": "end", "error": error}]))
+
+
+def test_a_scenarios_messages_decode_only_as_one_unbroken_run():
+    good = sent("f", ("f on 1", 2.0), ("f keeps x", True), expected=[("f on 1", 2.0)])
+    decoded = decode_messages(good, "f")
+    assert [o.name for o in decoded.observed] == ["f on 1", "f keeps x"] and decoded.expected == {"f on 1": 2.0}
+    forged = copy.deepcopy(good)
+    forged.insert(1, {**copy.deepcopy(good[1]), "item": {"name": "f keeps x", "value": probe.encode(True), "spec": {}}})
+    for broken in (forged, good[:-1], good[1:], [*good, good[-1]], sent("g", ("f on 1", 2.0)), [], ["x"]):
+        with pytest.raises(BadPayload):
+            decode_messages(broken, "f")
+
+
+def test_a_value_is_sent_as_it_was_when_observed(monkeypatch):
+    published = []
+    monkeypatch.setattr(probe, "publish", lambda message: published.append(json.dumps(message)))
+    recorder = probe.Recorder("f")
+    w0 = torch.zeros(2)
+    recorder.observe("w0 after the call", w0)
+    w0 += 1  # what a later call of the student's function might do, or rewrite through frames
+    recorder.end(None)
+    first = decode_messages([json.loads(m) for m in published], "f").observed[0]
+    assert torch.equal(first.value, torch.zeros(2))
+
+
+def test_no_cell_runs_after_the_first_scenario_and_each_scenario_sees_its_place():
+    from grader.course import assignment_named
+    from grader.judge.grading import plan
+    from grader.judge.reference import reference_submission
+
+    a = assignment_named("01")
+    nb = reference_submission(a)
+    nb.cells.append(nbformat.v4.new_code_cell("print('after every test')"))
+    steps = plan(nb, a)
+    first = next(i for i, s in enumerate(steps) if s.test)
+    assert all(s.test for s in steps[first:]) and any(s.code == "print('after every test')" for s in steps[:first])
+    for step in steps[first:]:
+        assert f"{step.test!r})" in step.code  # run with the names remembered at its test cell's place
+        assert any(s.label == f"{step.test} (place)" for s in steps[:first])
+
+
+VOCABULARY = frozenset({"cpu", "relu"})
+
+
+@pytest.mark.parametrize("got, expected, shown", [
+    ("the hidden input was 4.2", "cpu", "a different string"),
+    ("relu", "cpu", "'relu'"),
+    (["a", "b"], "cpu", "a list of 2 items"),
+    (Opaque("an object of another type"), "cpu", "an object of another type"),
+    (torch.zeros(0, 70000, 3, 3, 3), "cpu", "a tensor of shape a shape with 5 dimensions"),
+    (10**350 + 12345, "cpu", "1e+350"),
+    (-123456789, "cpu", "-1.23456e+8"),
+])
+def test_a_message_repeats_only_what_the_outflow_rule_allows(got, expected, shown):
+    assert compare(got, expected, "device", {"message": "got {got}, expected {expected}"}, VOCABULARY) == \
+        f"got {shown}, expected {expected!r}"
+
+
+def test_keys_and_shapes_the_student_chose_are_not_repeated():
+    message = compare({"secret key 1": 1.0, "secret key 2": 2.0, "relu": 3.0}, {"layer.weight": 1.0}, "norms", {},
+                      VOCABULARY)
+    assert "secret" not in message and "3 unexpected" in message and "'relu'" in message
+    message = compare(torch.zeros(1, 12345), torch.zeros(3), "f", {}, VOCABULARY)
+    assert "12345" not in message and "a shape with 2 dimensions" in message
+
+
+class ScriptedKernel:
+    """A kernel whose scenarios send scripted messages (test → messages); every other step just runs."""
+
+    def __init__(self, script):
+        self.script = script
+
+    def run(self, code, timeout, store_history=True):
+        test = next((t for t in self.script if f"module.run({t!r}," in code), None)
+        return StepRun(payloads=self.script[test]) if test else StepRun()
+
+    def stop(self):
+        pass
+
+
+def test_judging_never_takes_the_notebook_down(monkeypatch):
+    from grader.course import assignment_named
+    from grader.judge import grading
+    from grader.judge.reference import reference_submission
+
+    a = assignment_named("01")
+    tests = list(a.grade_cells())
+    records = {t: decode_messages(sent(t, (f"{t} value", 2.0)), t) for t in tests}
+    script = {t: sent(t, (f"{t} value", 2.0)) for t in tests}
+    script["critical_lr"] = sent("critical_lr", ("critical_lr value", 10**350))
+    graded = grading.grade_notebook(reference_submission(a), a, lambda: ScriptedKernel(script), 5, records)
+    assert not graded.verdicts["critical_lr"].passed and "1e+350" in graded.verdicts["critical_lr"].message
+    assert all(graded.verdicts[t].passed for t in tests if t != "critical_lr") and not graded.notes
+
+    def crash(*args):
+        raise OverflowError("the matcher met a value it cannot take")
+
+    monkeypatch.setattr(grading, "behaves_like", crash)
+    mistakes = {"critical_lr": {"some_mistake": records["critical_lr"]}}
+    graded = grading.grade_notebook(reference_submission(a), a, lambda: ScriptedKernel(script), 5, records, mistakes)
+    assert graded.verdicts["critical_lr"].points == 0 and "could not judge" in graded.verdicts["critical_lr"].message
+    assert all(graded.verdicts[t].passed for t in tests if t != "critical_lr")
+    assert [(n.kind, n.text) for n in grading.run_notes(graded)] == [
+        (NoteKind.NOT_JUDGED, "not judged: test critical_lr (OverflowError)")]
+
+
+def test_locked_cells_saved_by_other_editors_are_not_tampering():
+    for edit in (lambda s: s.replace("\n", "\r\n"), lambda s: s + "\n", lambda s: s.replace("\n", "\r"),
+                 lambda s: "\ufeff" + s + "  \n\n", lambda s: s.splitlines(keepends=True)):
+        submitted = released()
+        submitted.cells[2].source = "def f(x):\r\n    return 2 * x\r\n"
+        for cell in submitted.cells:
+            if cell.metadata.get("nbgrader", {}).get("locked"):
+                cell.source = edit(cell.source + "\n# a second line")
+        theirs = released()
+        for cell, mine in zip(theirs.cells, submitted.cells):
+            cell.source = mine.source
+        rebuilt, notes = rebuild(submitted, released_with_second_lines())
+        assert notes == [], edit
+        assert rebuilt.cells[2].source == "def f(x):\n    return 2 * x\n"
+
+
+def released_with_second_lines():
+    nb = released()
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("locked"):
+            cell.source += "\n# a second line"
+    return nb
+
+
+# Each global switch a scratch cell can flip, flipped as a student would (OMP_NUM_THREADS=2 in these tests).
+FLIPS = {
+    "default dtype": lambda: torch.set_default_dtype(torch.float64),
+    "default device": lambda: torch.set_default_device("meta"),
+    "grad mode": lambda: torch.set_grad_enabled(False),
+    "anomaly mode": lambda: torch.set_anomaly_enabled(True, check_nan=False),
+    "flush denormal": lambda: torch.set_flush_denormal(True),
+    "float32 matmul precision": lambda: torch.set_float32_matmul_precision("medium"),
+    "deterministic algorithms": lambda: torch.use_deterministic_algorithms(True, warn_only=True),
+    "cpu autocast": lambda: torch.set_autocast_enabled("cpu", True),
+    "threads": lambda: torch.set_num_threads(1),
+    "global random state": lambda: torch.manual_seed(1234),
+    "inference mode": lambda: INFERENCE.__enter__(),
+}
+INFERENCE = torch.inference_mode()
+
+
+def fresh_state():
+    """What a scenario computes with; the same in a fresh kernel."""
+    return (torch.get_default_dtype(), torch.ones(1).device.type, torch.is_grad_enabled(), torch.is_anomaly_enabled(),
+            float((torch.full((1,), 2.0 ** -140) * torch.ones(1)).item()) > 0, torch.get_float32_matmul_precision(),
+            torch.are_deterministic_algorithms_enabled(), torch.is_autocast_enabled("cpu"), torch.get_num_threads(),
+            float(torch.rand(1)), torch.is_inference_mode_enabled())
+
+
+@pytest.mark.parametrize("switch", FLIPS, ids=list(FLIPS))
+def test_a_scenario_computes_with_every_switch_as_fresh_and_puts_the_students_back(switch, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    with probe.course_defaults():
+        fresh = fresh_state()
+    assert fresh[:-3] == (torch.float32, "cpu", True, False, True, "highest", False, False) and fresh[-3] == 2
+    try:
+        FLIPS[switch]()
+        flipped = fresh_state() if switch != "default device" else None
+        with probe.course_defaults():
+            assert fresh_state() == fresh
+        assert switch == "default device" or fresh_state()[:-2] == flipped[:-2]  # the student's settings are back
+    finally:
+        torch.set_default_dtype(torch.float32)
+        torch.set_default_device(None)
+        torch.set_grad_enabled(True)
+        torch.set_anomaly_enabled(False)
+        torch.set_flush_denormal(False)
+        torch.set_float32_matmul_precision("highest")
+        torch.use_deterministic_algorithms(False)
+        torch.set_autocast_enabled("cpu", False)
+        torch.set_num_threads(threads)
+        if switch == "inference mode":
+            INFERENCE.__exit__(None, None, None)
+    assert not torch.is_inference_mode_enabled()

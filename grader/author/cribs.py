@@ -27,11 +27,12 @@ import tomllib
 import helpers
 import labkit
 from grader.author.markers import SOLUTION_BLOCK
-from grader.author.mutants import MUTANTS, reference_answers, reference_submission
 from grader.course import Assignment
 from grader.judge.judge import ScenarioRecord
+from grader.judge.reference import reference_answers, reference_submission
 from grader.judge.scenarios import scenarios
 from grader.kernel.harness import Kernel, Step, run_steps, scenario_code
+from grader.paths import MUTANTS
 from labkit import cells
 
 

@@ -30,12 +30,16 @@ from dataclasses import dataclass
 import nbformat
 import tomllib
 
-from grader.author.markers import SOLUTION_MARKER
 from grader.course import Assignment, assignments
+from grader.judge.reference import build_submission, reference_answers, reference_submission
 from grader.paths import MUTANTS, VARIANTS
 from labkit import cells
 
 MIN_MUTANTS_PER_EXERCISE = 3
+# The reference answers live with production grading (grader/judge/reference.py); named here for the self-tests.
+__all__ = ["Mutant", "Variant", "blank_submission", "build_submission", "load_mutants", "load_variants",
+           "mutant_problems", "mutant_submission", "pack_mutants", "reference_answers", "reference_function",
+           "reference_submission"]
 
 
 @dataclass(frozen=True)
@@ -82,12 +86,6 @@ def load_variants(assignment: Assignment) -> list[Variant]:
                     scratch=e.get("scratch", "")) for e in entries]
 
 
-def reference_answers(assignment: Assignment) -> dict[str, str]:
-    """Answer cell grade_id → the reference solution's source, without the BEGIN/END markers."""
-    nb = nbformat.read(assignment.source, as_version=4)
-    return {cells.grade_id(c): SOLUTION_MARKER.sub("", c.source) for c in nb.cells if cells.kind(c) == cells.ANSWER}
-
-
 def reference_function(assignment_name: str, answer_cell: str, name: str, namespace: dict | None = None):
     """A function defined by a reference answer, for instructor scripts and tests that need the real thing."""
     from grader.course import assignment_named
@@ -97,31 +95,18 @@ def reference_function(assignment_name: str, answer_cell: str, name: str, namesp
     return scope[name]
 
 
-def build_submission(assignment: Assignment, answers: dict[str, str]) -> nbformat.NotebookNode:
-    """The released notebook with the given answer cells filled in, as a student would hand it in."""
-    nb = nbformat.read(assignment.release, as_version=4)
-    for cell in nb.cells:
-        if cells.grade_id(cell) in answers:
-            cell.source = answers[cells.grade_id(cell)]
-    return nb
-
-
-def reference_submission(assignment: Assignment) -> nbformat.NotebookNode:
-    """Every answer cell filled with the reference solution."""
-    return build_submission(assignment, reference_answers(assignment))
-
-
 def blank_submission(assignment: Assignment) -> nbformat.NotebookNode:
     """The released notebook untouched: every answer still raises NotImplementedError."""
     return copy.deepcopy(nbformat.read(assignment.release, as_version=4))
 
 
-def mutant_submission(assignment: Assignment, group: list[Mutant] | list[Variant]) -> nbformat.NotebookNode:
+def mutant_submission(assignment: Assignment, group: list[Mutant] | list[Variant],
+                      released: nbformat.NotebookNode | None = None) -> nbformat.NotebookNode:
     """The reference with each mutant (or variant) of `group` replacing its answer cell; a variant's scratch
-    cell follows its answer as a cell the student added."""
+    cell follows its answer as a cell the student added. `released`: the release to fill (default notebooks/')."""
     answers = reference_answers(assignment)
     answers.update({m.cell: m.source for m in group})
-    nb = build_submission(assignment, answers)
+    nb = build_submission(assignment, answers, released)
     scratch = {m.cell: m.scratch for m in group if isinstance(m, Variant) and m.scratch}
     for index in reversed(range(len(nb.cells))):
         if (code := scratch.get(cells.grade_id(nb.cells[index]))) is not None:

@@ -28,6 +28,7 @@ from grader.collect.submissions import MAX_NOTEBOOK_BYTES
 from grader.course import assignment_named, put_interpreter_on_path
 from grader.judge.grading import (
     canary,
+    coarse,
     grade_notebook,
     known_mistakes,
     plain_kernel_factory,
@@ -102,11 +103,11 @@ def _new_kernel(spec: Spec):
     return kernelspec.kernel_factory(_forkserver()) if spec.sandbox else plain_kernel_factory()
 
 
-def _canary(assignment, spec: Spec) -> str:
+def _canary(assignment, spec: Spec, released: nbformat.NotebookNode) -> str:
     """'' once the reference has earned full marks in this worker's environment (checked once per assignment)."""
     if assignment.name not in _CANARY_PASSED:
-        records = reference_records(assignment, plain_kernel_factory(), spec.timeout)
-        problem = canary(assignment, _new_kernel(spec), spec.timeout, records)
+        records = reference_records(assignment, plain_kernel_factory(), spec.timeout, released)
+        problem = canary(assignment, _new_kernel(spec), spec.timeout, records, released)
         if problem:
             return problem
         _CANARY_PASSED.add(assignment.name)
@@ -121,7 +122,7 @@ def grade(spec: Spec) -> Result:
     result = Result(spec.student, spec.assignment, {k: 0.0 for k in max_scores}, max_scores)
     result.status += spec.notes
     if spec.canary_only:
-        result.broken = _canary(assignment, spec)
+        result.broken = _canary(assignment, spec, released)
         return result
     if spec.problem or not spec.submitted:
         result.status.append(spec.problem or Note(NoteKind.MISSING, "no notebook"))
@@ -135,13 +136,13 @@ def grade(spec: Spec) -> Result:
     result.status += tamper_notes
     result.answered = _answered(rebuilt, released)
 
-    problem = _canary(assignment, spec)
+    problem = _canary(assignment, spec, released)
     if problem:
         result.broken = problem
         return result
     new_kernel = _new_kernel(spec)
-    records = reference_records(assignment, plain_kernel_factory(), spec.timeout)
-    mistakes = known_mistakes(assignment, plain_kernel_factory(), spec.timeout)
+    records = reference_records(assignment, plain_kernel_factory(), spec.timeout, released)
+    mistakes = known_mistakes(assignment, plain_kernel_factory(), spec.timeout, released=released)
     started = time.monotonic()
     graded = grade_notebook(rebuilt, assignment, new_kernel, spec.timeout, records, mistakes)
     judged = time.monotonic()
@@ -158,7 +159,7 @@ def grade(spec: Spec) -> Result:
                    graded=graded, status=result.status, mistakes={t: whys[n] for t, n in result.mistakes.items()},
                    mode=spec.feedback_mode, late=spec.lateness.get("note", ""), penalty=taken)
     spent = graded.seconds()
-    result.seconds = {**spent, "judging": judged - started - sum(spent.values()), "feedback": time.monotonic() - judged}
+    result.seconds = coarse({**spent, "judging": judged - started - sum(spent.values()), "feedback": time.monotonic() - judged})
     return result
 
 

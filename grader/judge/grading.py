@@ -10,6 +10,7 @@ is broken, and grading stops instead of writing zeros.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -23,9 +24,10 @@ from pathlib import Path
 import nbformat
 from jupyter_client import KernelManager
 
-from grader.author.mutants import Mutant, load_mutants, mutant_submission, pack_mutants, reference_submission
+from grader.author.mutants import Mutant, load_mutants, mutant_submission, pack_mutants
 from grader.course import Assignment
-from grader.judge.judge import BadPayload, ScenarioRecord, Verdict, behaves_like, decode_payload, judge
+from grader.judge.judge import BadPayload, ScenarioRecord, Verdict, behaves_like, decode_messages, judge, vocabulary
+from grader.judge.reference import reference_submission, released_notebook
 from grader.judge.scenarios import scenarios
 from grader.kernel import harness
 from grader.kernel.harness import DIED, KILLED, NOT_RUN, OUTPUT_LIMIT, SKIPPED, TIMEOUT, Kernel, Step, StepRun
@@ -49,6 +51,8 @@ class Graded:
     verdicts: dict[str, Verdict]
     mistakes: dict[str, str] = field(default_factory=dict)  # failed test -> known mistake (mutant) it behaves like
     clock: dict[str, float] = field(default_factory=dict)  # seconds spent starting and stopping kernels
+    unreadable: dict[str, str] = field(default_factory=dict)  # test -> why what its scenario sent could not be read
+    notes: list[Note] = field(default_factory=list)  # tests that could not be judged
 
     def seconds(self) -> dict[str, float]:
         """Where the time went: kernels, set-up cells, the student's cells, hidden-test scenarios."""
@@ -61,24 +65,39 @@ class Graded:
 
     @property
     def first_test(self) -> int:
-        """Index of the first scenario step (outputs from then on may carry hidden-test data)."""
+        """Index of the first scenario step: outputs from then on may carry hidden-test data (the plan runs every
+        cell before it, so nothing the student wrote runs after it but through the tests)."""
         return next((i for i, s in enumerate(self.steps) if s.test), len(self.steps))
 
 
+def coarse(seconds: dict[str, float]) -> dict[str, float]:
+    """Timings as results.json keeps them: 2 significant digits (a hand-in's scenarios choose how long they take,
+    so a precise time would be a channel out of the kernel; grader/judge/outflow.py counts what this one carries)."""
+    return {stage: float(f"{max(value, 0.0):.2g}") for stage, value in seconds.items()}
+
+
 def plan(nb: nbformat.NotebookNode, assignment: Assignment, *, reference: bool = False) -> list[Step]:
-    """The steps that grade `nb`: set-up cells, the student's cells, and a scenario for each test cell."""
+    """The steps that grade `nb`: set-up cells, answers and the student's own cells in notebook order, with a
+    step at each test cell's place that remembers the names there; then every test's scenario, with those names.
+
+    Nothing the student wrote runs after the first scenario starts, except what the scenarios call: the outflow
+    rule (shared/COURSE.md) needs no cell's outcome to be dropped, and a cell below a test still cannot change
+    what that test sees.
+    """
     tests = {s.test: s for s in scenarios(assignment)}
-    steps = []
+    steps, scenario_steps = [], []
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "code" or not cell.source.strip():
             continue
         grade_id, cell_kind = cells.grade_id(cell), cells.kind(cell)
         if cell_kind == cells.TEST:
             scenario = tests[grade_id]
-            code = (harness.scenario_code(grade_id, scenario.reference_code, scenario.answers) if reference else
+            code = (harness.scenario_code(grade_id, scenario.reference_code, scenario.answers, position=grade_id)
+                    if reference else
                     harness.scenario_code(grade_id, scenario.student_code, scenario.answers, scenario.inject,
-                                          scenario.inject_names))
-            steps.append(Step(grade_id, code, by_student=False, test=grade_id))
+                                          scenario.inject_names, position=grade_id))
+            steps.append(Step(f"{grade_id} (place)", harness.position_code(grade_id), by_student=False))
+            scenario_steps.append(Step(grade_id, code, by_student=False, test=grade_id))
         elif cell_kind == cells.ANSWER:
             steps.append(Step(grade_id, cell.source, by_student=True))
         elif cell_kind == cells.SETUP:
@@ -86,7 +105,7 @@ def plan(nb: nbformat.NotebookNode, assignment: Assignment, *, reference: bool =
             steps.append(Step(f"{grade_id} (names)", harness.snapshot_code(), by_student=False))
         elif cell_kind == cells.ADDED:
             steps.append(Step(f"cell {index + 1}", cell.source, by_student=True, added=True))
-    return steps
+    return steps + scenario_steps
 
 
 FAILURE_WORDS = {
@@ -103,30 +122,25 @@ FAILURE_WORDS = {
 def received(test: str, run: StepRun, timeout: float) -> tuple[ScenarioRecord | None, str]:
     """What one scenario step sent back, decoded, and what stopped it ('' when nothing did)."""
     failure = FAILURE_WORDS[run.failure].format(timeout=timeout)
-    student = None
-    if len(run.payloads) == 1:
-        try:
-            student = decode_payload(run.payloads[0])
-        except BadPayload:
-            failure = failure or "its result could not be read (something in the notebook interferes with the tests)"
-        if student is not None and student.test != test:
-            student, failure = None, failure or "its result was for another test"
-    elif len(run.payloads) > 1:
-        failure = failure or "more than one result came back (something in the notebook interferes with the tests)"
-    else:
-        failure = failure or "no result came back (something in the notebook interferes with the tests)"
-    return student, failure
+    try:
+        return decode_messages(run.payloads, test), failure
+    except BadPayload as bad:
+        return None, failure or f"{bad} (something in the notebook interferes with the tests)"
 
 
 def verdict(test: str, points: float, reference: ScenarioRecord, run: StepRun, timeout: float) -> Verdict:
     """Judge one scenario step against the reference record."""
-    return judge(test, points, reference, *received(test, run, timeout))
+    return judge(test, points, reference, *received(test, run, timeout), words=vocabulary(reference))
 
 
 def grade_notebook(nb: nbformat.NotebookNode, assignment: Assignment, new_kernel: Callable[[], Kernel],
                    timeout: float, records: dict[str, ScenarioRecord],
                    known_mistakes: dict[str, dict[str, ScenarioRecord]] | None = None) -> Graded:
-    """Run `nb` the grading way and judge every test cell; name the known mistake a failed one behaves like."""
+    """Run `nb` the grading way and judge every test cell; name the known mistake a failed one behaves like.
+
+    Judging never takes the notebook down: a test whose values the grader cannot judge earns nothing and is
+    named in a NOT_JUDGED note; the other tests keep their verdicts.
+    """
     steps = plan(nb, assignment)
     clock: dict[str, float] = {}
     runs = harness.run_steps(steps, new_kernel, timeout, clock)
@@ -135,12 +149,22 @@ def grade_notebook(nb: nbformat.NotebookNode, assignment: Assignment, new_kernel
     for step, run in zip(steps, runs):
         if not step.test:
             continue
-        student, failure = received(step.test, run, timeout)
-        graded.verdicts[step.test] = judge(step.test, points[step.test], records[step.test], student, failure)
-        if student is not None and not graded.verdicts[step.test].passed:
-            graded.mistakes[step.test] = next(
-                (name for name, mistake in (known_mistakes or {}).get(step.test, {}).items()
-                 if behaves_like(student, mistake, records[step.test])), "")
+        mistakes = (known_mistakes or {}).get(step.test, {})
+        try:
+            student, failure = received(step.test, run, timeout)
+            if student is None:
+                graded.unreadable[step.test] = failure
+            reference = records[step.test]
+            graded.verdicts[step.test] = judge(step.test, points[step.test], reference, student, failure,
+                                               vocabulary(reference, mistakes.values()))
+            if student is not None and not graded.verdicts[step.test].passed:
+                graded.mistakes[step.test] = next(
+                    (name for name, mistake in mistakes.items() if behaves_like(student, mistake, reference)), "")
+        except Exception as exc:  # a value the judge cannot take costs this test, never the notebook
+            graded.verdicts[step.test] = Verdict(step.test, 0.0, points[step.test],
+                                                 f"{step.test}: the grader could not judge this test "
+                                                 f"({type(exc).__name__}); your instructor will look at it.")
+            graded.notes.append(Note(NoteKind.NOT_JUDGED, f"not judged: test {step.test} ({type(exc).__name__})"))
     return graded
 
 
@@ -163,17 +187,19 @@ def run_notes(graded: Graded) -> list[Note]:
                                                 "time budget (answers and tests still ran)"))
         elif run.error == "MemoryError" and step.by_student:
             notes.append(Note(NoteKind.LIMIT_HIT, f"out of memory in {where}"))
-        elif step.test and len(run.payloads) != 1:
+        elif step.test in graded.unreadable:
             # Something in the notebook got between the test and the grader: worth the instructor's look.
-            came = "no result" if not run.payloads else "more than one result"
-            notes.append(Note(NoteKind.INTERFERENCE, f"interference in {where}: {came} came back"))
-    return notes
+            notes.append(Note(NoteKind.INTERFERENCE, f"interference in {where}: "
+                                                     f"{graded.unreadable[step.test].split(' (something')[0]}"))
+    return notes + graded.notes
 
 
 def canary(assignment: Assignment, new_kernel: Callable[[], Kernel], timeout: float,
-           records: dict[str, ScenarioRecord]) -> str:
-    """'' when the reference submission, graded the student's way here, earns full marks; else why not."""
-    graded = grade_notebook(reference_submission(assignment), assignment, new_kernel, timeout, records)
+           records: dict[str, ScenarioRecord], released: nbformat.NotebookNode | None = None) -> str:
+    """'' when the reference submission, graded the student's way here, earns full marks; else why not.
+
+    `released`: the release the students' hand-ins are rebuilt against (default: notebooks/'s)."""
+    graded = grade_notebook(reference_submission(assignment, released), assignment, new_kernel, timeout, records)
     failed = [v for v in graded.verdicts.values() if not v.passed]
     if not failed:
         return ""
@@ -184,11 +210,12 @@ def canary(assignment: Assignment, new_kernel: Callable[[], Kernel], timeout: fl
 
 # --- the reference records ----------------------------------------------------------------------------------
 
-def _records_key(assignment: Assignment) -> str:
-    """Changes with anything the reference records depend on: the source, the probe, helpers, torch."""
+def _records_key(assignment: Assignment, released: nbformat.NotebookNode) -> str:
+    """Changes with anything the reference records depend on: the source, the release, the probe, helpers, torch."""
     import torch
 
     digest = hashlib.sha256(assignment.source.read_bytes())
+    digest.update(nbformat.writes(released).encode())
     from grader.judge import scenarios
     from grader.kernel import probe
 
@@ -200,64 +227,77 @@ def _records_key(assignment: Assignment) -> str:
     return digest.hexdigest()[:16]
 
 
-def reference_records(assignment: Assignment, new_kernel: Callable[[], Kernel], timeout: float) -> dict[str, ScenarioRecord]:
-    """What every hidden observation of `assignment` must be: the reference run's records (cached)."""
-    path = REFERENCE_CACHE / f"{assignment.name}-{_records_key(assignment)}.json"
+def reference_records(assignment: Assignment, new_kernel: Callable[[], Kernel], timeout: float,
+                      released: nbformat.NotebookNode | None = None) -> dict[str, ScenarioRecord]:
+    """What every hidden observation of `assignment` must be: the reference run's records (cached).
+
+    `released`: the release grading rebuilds hand-ins against (default: notebooks/'s); the cache knows which."""
+    released = released if released is not None else released_notebook(assignment)
+    path = REFERENCE_CACHE / f"{assignment.name}-{_records_key(assignment, released)}.json"
     if path.exists():
-        payloads = json.loads(path.read_text())
+        sent = json.loads(path.read_text())
     else:
-        payloads = _run_reference(assignment, new_kernel, timeout)
-        _write_atomically(path, payloads)
-    return {test: decode_payload(payload) for test, payload in payloads.items()}
+        sent = _run_reference(assignment, new_kernel, timeout, released)
+        _write_atomically(path, sent)
+    return {test: decode_messages(messages, test) for test, messages in sent.items()}
 
 
-def _run_reference(assignment: Assignment, new_kernel: Callable[[], Kernel], timeout: float) -> dict[str, dict]:
-    steps = plan(reference_submission(assignment), assignment, reference=True)
+def _run_reference(assignment: Assignment, new_kernel: Callable[[], Kernel], timeout: float,
+                   released: nbformat.NotebookNode) -> dict[str, list]:
+    steps = plan(reference_submission(assignment, released), assignment, reference=True)
     runs = harness.run_steps(steps, new_kernel, timeout)
-    payloads: dict[str, dict] = {}
+    sent: dict[str, list] = {}
     for step, run in zip(steps, runs):
         where = f"{assignment.name}, {'hidden test ' + step.test if step.test else 'cell ' + step.label}"
         if run.failure and run.failure != OUTPUT_LIMIT:
-            raise GradingEnvironmentBroken(f"{where}: the reference run stopped ({run.failure})")
+            raise GradingEnvironmentBroken(f"{where}: the reference run stopped ({run.failure.value})")
         if not step.test:
             if run.error:
                 detail = next((o.get("evalue", "") for o in run.outputs if o.get("output_type") == "error"), "")
                 raise GradingEnvironmentBroken(f"{where}: the reference raised {run.error}: {detail[:300]}")
             continue
-        if len(run.payloads) != 1 or run.payloads[0].get("error"):
-            error = run.payloads[0].get("error") if run.payloads else "no result"
-            raise GradingEnvironmentBroken(f"{where}: the reference solution did not complete the scenario ({error})")
-        if not run.payloads[0].get("observed"):
+        try:
+            record = decode_messages(run.payloads, step.test)
+        except BadPayload as bad:
+            raise GradingEnvironmentBroken(f"{where}: the reference run's result could not be read ({bad})") from None
+        if record.error:
+            raise GradingEnvironmentBroken(f"{where}: the reference solution did not complete the scenario ({record.error})")
+        if not record.observed:
             raise GradingEnvironmentBroken(f"{where}: the scenario observes nothing, so any answer would pass")
-        payloads[step.test] = run.payloads[0]
-    return payloads
+        sent[step.test] = run.payloads
+    return sent
 
 
-def known_mistakes(assignment: Assignment, new_kernel: Callable[[], Kernel],
-                   timeout: float, jobs: int = 1) -> dict[str, dict[str, ScenarioRecord]]:
+def known_mistakes(assignment: Assignment, new_kernel: Callable[[], Kernel], timeout: float, jobs: int = 1,
+                   released: nbformat.NotebookNode | None = None) -> dict[str, dict[str, ScenarioRecord]]:
     """test → mutant name → what that mutant's scenario recorded (cached like the reference records).
 
     The mutants are the course's own code, run the student's way in trusted kernels (`jobs` at a time),
     once per version.
     """
-    path = REFERENCE_CACHE / f"{assignment.name}-mutants-{_records_key(assignment)}.json"
+    released = released if released is not None else released_notebook(assignment)
+    path = REFERENCE_CACHE / f"{assignment.name}-mutants-{_records_key(assignment, released)}.json"
     if path.exists():
-        payloads = json.loads(path.read_text())
+        sent = json.loads(path.read_text())
     else:
-        def record(group: list[Mutant]) -> list[tuple[str, str, dict]]:
-            steps = plan(mutant_submission(assignment, group), assignment)
+        def record(group: list[Mutant]) -> list[tuple[str, str, list]]:
+            steps = plan(mutant_submission(assignment, group, released), assignment)
             runs = harness.run_steps(steps, new_kernel, timeout)
             ran = {step.test: run for step, run in zip(steps, runs) if step.test}
-            return [(m.exercise, m.name, ran[m.exercise].payloads[0]) for m in group
-                    if not ran[m.exercise].failure and len(ran[m.exercise].payloads) == 1]
+            return [(m.exercise, m.name, ran[m.exercise].payloads) for m in group if not ran[m.exercise].failure]
 
-        payloads = {}
+        sent = {}
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             for recorded in pool.map(record, pack_mutants(load_mutants(assignment))):
-                for exercise, name, payload in recorded:
-                    payloads.setdefault(exercise, {})[name] = payload
-        _write_atomically(path, payloads)
-    return {test: {name: decode_payload(p) for name, p in by_name.items()} for test, by_name in payloads.items()}
+                for exercise, name, messages in recorded:
+                    sent.setdefault(exercise, {})[name] = messages
+        _write_atomically(path, sent)
+    decoded: dict[str, dict[str, ScenarioRecord]] = {}
+    for test, by_name in sent.items():
+        for name, messages in by_name.items():
+            with contextlib.suppress(BadPayload):  # a mistake whose run could not be read names nothing
+                decoded.setdefault(test, {})[name] = decode_messages(messages, test)
+    return decoded
 
 
 def _write_atomically(path: Path, data: object) -> None:

@@ -3,20 +3,21 @@
 Runs in the grader's own process, never in the student's kernel. A scenario's payload is plain JSON
 (grader/kernel/probe.py); it is decoded here without pickle, with every size and type checked, into Python
 numbers, strings, lists, dicts and tensors. What a value is compared against, the tolerances and the
-message a student reads all come from the reference run (grader/expectations.py) — never from the
+message a student reads all come from the reference run (grader/judge/grading.py) — never from the
 student's payload, of which only the values are used.
 """
 
 from __future__ import annotations
 
 import base64
-import builtins
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
 
+from grader.judge import outflow
 from helpers.checks import CheckFailure, check_scalar, check_tensor
 
 MAX_NAME_CHARS = 500
@@ -69,22 +70,9 @@ class Verdict:
         return self.points == self.max_points
 
 
-# Type names a message may repeat; any other (a class the student named) is "another type": a name is a channel.
-SHOWN_TYPES = {"list", "tuple", "dict", "str", "NoneType", "int", "float", "bool", "complex", "Tensor", "ndarray",
-               "generator", "function", "method", "set", "Parameter", "float64", "float32", "int64", "bytes"}
-
-
-def safe_type_name(text: object) -> str:
-    """A type name as the student may see it: a common one as it is, anything else as "another type"."""
-    name = str(text).split(" ", 1)[0]
-    return name if name in SHOWN_TYPES else "another type"
-
-
 def shown_error(name: str | None) -> str:
-    """Built-in exception names are shown as they are; a class the student defined is not named."""
-    if name and isinstance(getattr(builtins, name, None), type) and issubclass(getattr(builtins, name), BaseException):
-        return name
-    return "an exception"
+    """An exception's class name as a message may repeat it (grader/judge/outflow.py)."""
+    return outflow.error_name(name)
 
 
 # --- decoding ---------------------------------------------------------------------------------------------
@@ -138,8 +126,8 @@ def decode_value(node: object, depth: int = 0) -> object:
     if kind == "tensor":
         return _decode_tensor(node)
     if kind == "other":
-        return Opaque(safe_type_name(node.get("type", "?")))
-    raise BadPayload(f"unknown value kind {safe_type_name(kind)}")
+        return Opaque(outflow.type_name(node.get("type", "?")))
+    raise BadPayload("unknown value kind")
 
 
 def _decode_tensor(node: dict) -> torch.Tensor:
@@ -183,22 +171,35 @@ def _spec(node: object) -> dict:
     return spec
 
 
-def decode_payload(raw: object) -> ScenarioRecord:
-    """A scenario's payload (JSON already parsed by the kernel client) as a ScenarioRecord; BadPayload if not one."""
-    _expect(isinstance(raw, dict), "payload is not an object")
-    assert isinstance(raw, dict)
-    test, observed, expected, error = raw.get("test"), raw.get("observed"), raw.get("expected"), raw.get("error")
-    _expect(isinstance(test, str) and isinstance(observed, list) and isinstance(expected, list), "malformed payload")
-    _expect(error is None or isinstance(error, str), "malformed error")
-    items = []
-    for item in observed:  # type: ignore[union-attr]
-        _expect(isinstance(item, dict) and isinstance(item.get("name"), str), "malformed observation")
-        items.append(Observation(item["name"][:MAX_NAME_CHARS], decode_value(item.get("value")), _spec(item.get("spec"))))
-    oracle = {}
-    for item in expected:  # type: ignore[union-attr]
-        _expect(isinstance(item, dict) and isinstance(item.get("name"), str), "malformed expected value")
-        oracle[item["name"][:MAX_NAME_CHARS]] = decode_value(item.get("value"))
-    return ScenarioRecord(test, tuple(items), oracle, error)  # type: ignore[arg-type]
+def decode_messages(messages: object, test: str) -> ScenarioRecord:
+    """A scenario's messages (grader/kernel/probe.py `Message`, JSON already parsed by the kernel client), in the
+    order they came, as a ScenarioRecord; BadPayload unless they are exactly one run of `test`'s scenario:
+    observations and oracle values numbered 0, 1, 2, … and then one end message (anything forged beside them
+    repeats or skips a number)."""
+    _expect(isinstance(messages, list) and bool(messages), "no result")
+    assert isinstance(messages, list)
+    items: list[Observation] = []
+    oracle: dict[str, object] = {}
+    for seq, message in enumerate(messages):
+        _expect(isinstance(message, dict), "malformed message")
+        _expect(message.get("test") == test, "a result for another test")
+        _expect(message.get("seq") == seq and type(message.get("seq")) is int, "messages out of order or forged")
+        kind = message.get("kind")
+        if kind == "end":
+            _expect(seq == len(messages) - 1, "messages after the end")
+            error = message.get("error")
+            _expect(error is None or isinstance(error, str), "malformed error")
+            return ScenarioRecord(test, tuple(items), oracle, error)
+        item = message.get("item")
+        _expect(kind in ("observed", "expected") and isinstance(item, dict) and isinstance(item.get("name"), str),
+                "malformed observation")
+        assert isinstance(item, dict)
+        name = item["name"][:MAX_NAME_CHARS]
+        if kind == "observed":
+            items.append(Observation(name, decode_value(item.get("value")), _spec(item.get("spec"))))
+        else:
+            oracle[name] = decode_value(item.get("value"))
+    raise BadPayload("no end message: the scenario's messages were cut short")
 
 
 # --- comparing ----------------------------------------------------------------------------------------------
@@ -229,33 +230,39 @@ def _loosened_for(actual: object, spec: dict, expected: object) -> dict:
     return loosened
 
 
-def _format(template: str, got: object, expected: object) -> str:
-    def shown(value: object) -> str:
-        if isinstance(value, Opaque):
-            return value.type_name
-        if isinstance(value, torch.Tensor):
-            return f"a tensor of shape {list(value.shape)}"
-        text = repr(value)
-        return text if len(text) <= 80 else text[:77] + "..."
-
-    return template.replace("{got}", shown(got)).replace("{expected}", shown(expected))
+def _format(template: str, got: object, expected: object, vocabulary: frozenset[str]) -> str:
+    """`template` (the reference's) with {got} as the outflow rule lets a message repeat it, {expected} as it is."""
+    right = f"a tensor of shape {list(expected.shape)}" if isinstance(expected, torch.Tensor) else repr(expected)
+    return (template.replace("{got}", outflow.shown(got, vocabulary))
+            .replace("{expected}", right if len(right) <= 80 else right[:77] + "..."))
 
 
-def _equal(actual: object, expected: object, name: str, spec: dict) -> str | None:
-    if actual == expected and type(actual) is type(expected):
+def _equal(actual: object, expected: object, name: str, spec: dict, vocabulary: frozenset[str]) -> str | None:
+    if type(actual) is type(expected) and actual == expected:
         return None
-    return _format(spec.get("message") or f"{name}: expected {{expected}}, got {{got}}.", actual, expected)
+    return _format(spec.get("message") or f"{name}: expected {{expected}}, got {{got}}.", actual, expected, vocabulary)
 
 
-def compare(actual: object, expected: object, name: str, spec: dict) -> str | None:
+def _number_problem(actual: object, expected: float | int, name: str, spec: dict) -> str | None:
+    """What check_scalar cannot say itself: a number too large for a float, a tensor of several numbers."""
+    suffix = f" Hint: {spec['hint']}" if spec.get("hint") else ""
+    if isinstance(actual, int) and not isinstance(actual, bool) and abs(actual) >= 2 ** 1023:
+        return f"{name}: expected {outflow.number(expected)}, got {outflow.number(actual)}.{suffix}"
+    if isinstance(actual, torch.Tensor) and actual.numel() != 1:
+        return f"{name} should be a single number, got a tensor of shape {outflow.shape(actual.shape)}.{suffix}"
+    return None
+
+
+def compare(actual: object, expected: object, name: str, spec: dict, vocabulary: frozenset[str] = frozenset()) -> str | None:
     """None when `actual` matches `expected` under `spec`; else the message the student reads.
 
     Tensors and numbers go through helpers.checks (shape, finiteness, tolerance, factor hints); lists,
     tuples and dicts item by item (a list and a tuple are interchangeable); anything else must be equal,
-    and `spec["message"]` (with {got} and {expected}) says what is wrong.
+    and `spec["message"]` (with {got} and {expected}) says what is wrong. What the message repeats of
+    `actual` obeys the outflow rule (grader/judge/outflow.py): strings only from `vocabulary`.
     """
     if isinstance(expected, bool) or expected is None or isinstance(expected, str):
-        return _equal(actual, expected, name, spec)
+        return _equal(actual, expected, name, spec, vocabulary)
     if isinstance(actual, Opaque):
         return f"{name} should be {_kind(expected)}, got {actual.type_name}."
     options = {k: spec[k] for k in ("rtol", "atol", "hint", "factor_hints") if k in spec}
@@ -265,9 +272,15 @@ def compare(actual: object, expected: object, name: str, spec: dict) -> str | No
                 return f"{name} should be a real tensor, got a complex one."
             if spec.get("any_shape") and isinstance(actual, torch.Tensor) and actual.numel() == expected.numel():
                 actual = actual.reshape(expected.shape)
+            if isinstance(actual, torch.Tensor) and actual.shape != expected.shape:
+                hint = f" Hint: {spec['hint']}" if spec.get("hint") else ""
+                return f"{name} returned shape {outflow.shape(actual.shape)}, expected {list(expected.shape)}.{hint}"
             check_tensor(actual, expected, name=name, **_loosened_for(actual, options, expected))
             return None
         if isinstance(expected, (int, float)):
+            problem = _number_problem(actual, expected, name, spec)
+            if problem:
+                return problem
             check_scalar(actual, float(expected), name=name, **_loosened_for(actual, options, expected))
             return None
     except CheckFailure as failure:
@@ -276,9 +289,9 @@ def compare(actual: object, expected: object, name: str, spec: dict) -> str | No
         if not isinstance(actual, (list, tuple)):
             return f"{name} should be a list of {len(expected)} items, got {_kind(actual)}."
         if len(actual) != len(expected):
-            return f"{name} should have {len(expected)} items, got {len(actual)}."
+            return f"{name} should have {len(expected)} items, got {outflow.number(len(actual))}."
         for index, (a, e) in enumerate(zip(actual, expected)):
-            problem = compare(a, e, f"{name}[{index}]", spec)
+            problem = compare(a, e, f"{name}[{index}]", spec, vocabulary)
             if problem:
                 return problem
         return None
@@ -287,22 +300,31 @@ def compare(actual: object, expected: object, name: str, spec: dict) -> str | No
             return f"{name} should be a dict, got {_kind(actual)}."
         if set(actual) != set(expected):
             missing = sorted(map(str, set(expected) - set(actual)))[:3]
-            extra = sorted(map(str, set(actual) - set(expected)))[:3]
-            return f"{name}: keys differ (missing {missing}, unexpected {extra})."
+            extra = set(actual) - set(expected)
+            named = sorted({outflow.shown(key, vocabulary) for key in extra})[:2]
+            return f"{name}: keys differ (missing {missing}, {len(extra)} unexpected: {', '.join(named) or 'none'})."
         for key in expected:
-            problem = compare(actual[key], expected[key], f"{name}[{key!r}]", spec)
+            problem = compare(actual[key], expected[key], f"{name}[{key!r}]", spec, vocabulary)
             if problem:
                 return problem
         return None
-    return _equal(actual, expected, name, spec)
+    return _equal(actual, expected, name, spec, vocabulary)
+
+
+def vocabulary(reference: ScenarioRecord, mistakes: Iterable[ScenarioRecord] = ()) -> frozenset[str]:
+    """The strings a message may repeat: those the reference run or a known mistake produced (outflow rule)."""
+    records = [reference, *mistakes]
+    found = set().union(*(outflow.strings(item.value) for record in records for item in record.observed))
+    return frozenset(found.union(*(outflow.strings(value) for value in reference.expected.values())))
 
 
 def judge(test: str, max_points: float, reference: ScenarioRecord, student: ScenarioRecord | None,
-          failure: str = "") -> Verdict:
+          failure: str = "", words: frozenset[str] = frozenset()) -> Verdict:
     """The verdict for one test cell: full points when every reference observation is matched, else 0.
 
     `failure` names what stopped the scenario in the student's kernel (timeout, dead kernel, no result);
-    the reference's observations, oracle values and specs are the only source of what is right.
+    the reference's observations, oracle values and specs are the only source of what is right. `words`: the
+    strings a message may repeat (`vocabulary`). A value no comparison can take raises: the caller says so.
     """
     got: dict[str, object] = {}
     if student is not None:
@@ -311,25 +333,27 @@ def judge(test: str, max_points: float, reference: ScenarioRecord, student: Scen
     for item in reference.observed:
         want = reference.expected.get(item.name, item.value)
         if item.name not in got:
-            if failure:
-                return Verdict(test, 0.0, max_points, f"{item.name}: not checked — {failure}.")
-            raised = shown_error(student.error if student else None)
-            if student is not None and student.error == "NotImplementedError":
-                return Verdict(test, 0.0, max_points, f"{test}: not answered yet (NotImplementedError).")
-            if student is not None and student.error == "NameError":
-                return Verdict(test, 0.0, max_points, f"{item.name}: your code raised NameError before this could be "
-                               "checked. At grading, set-up cells, your answers and your own cells run, but test, demo "
-                               "and claim cells do not: define everything your answer uses in your own cells.")
-            if student is not None and student.error:
-                return Verdict(test, 0.0, max_points, f"{item.name}: your code raised {raised} before this could be checked.")
-            return Verdict(test, 0.0, max_points, f"{item.name}: not checked — the test did not run to the end.")
-        try:
-            problem = compare(got[item.name], want, item.name, item.spec)
-        except Exception:  # a value no comparison can take (10**350 as a float) is a wrong value
-            problem = f"{item.name}: the value returned could not be compared with the right one."
+            return Verdict(test, 0.0, max_points, _unchecked(test, item.name, student, failure))
+        problem = compare(got[item.name], want, item.name, item.spec, words)
         if problem:
             return Verdict(test, 0.0, max_points, problem)
     return Verdict(test, max_points, max_points)
+
+
+def _unchecked(test: str, name: str, student: ScenarioRecord | None, failure: str) -> str:
+    """Why observation `name` never came: what stopped the scenario, or the exception the student's code raised."""
+    if failure:
+        return f"{name}: not checked — {failure}."
+    error = student.error if student else None
+    if error == "NotImplementedError":
+        return f"{test}: not answered yet (NotImplementedError)."
+    if error == "NameError":
+        return (f"{name}: your code raised NameError before this could be checked. At grading, set-up cells, your "
+                "answers and your own cells run, but test, demo and claim cells do not: define everything your "
+                "answer uses in your own cells.")
+    if error:
+        return f"{name}: your code raised {shown_error(error)} before this could be checked."
+    return f"{name}: not checked — the test did not run to the end."
 
 
 def behaves_like(student: ScenarioRecord, mistake: ScenarioRecord, reference: ScenarioRecord) -> bool:
@@ -345,7 +369,10 @@ def behaves_like(student: ScenarioRecord, mistake: ScenarioRecord, reference: Sc
             return False
         if item.name not in got:
             return student.error == mistake.error
-        if not _alike(got[item.name], theirs[item.name], item.spec):
+        try:
+            if not _alike(got[item.name], theirs[item.name], item.spec):
+                return False
+        except (ArithmeticError, ValueError, TypeError, RuntimeError):  # values no comparison can take are not alike
             return False
     return True
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import unicodedata
 
 import nbformat
 
@@ -13,6 +14,20 @@ from labkit import cells
 ADDED = "tml_added_by_student"
 # Cells a student may add; beyond this the rest are left out (and the status says so).
 MAX_ADDED_CELLS = 500
+
+
+def normalised(source: object) -> str:
+    """A cell's source as editors may have saved it, made comparable: a list of lines joined, line endings (CRLF,
+    CR) as LF, a byte-order mark dropped, Unicode in NFC form, trailing whitespace on lines and at the end
+    removed. VS Code on Windows, Colab and older Jupyter differ in exactly these; none of them is an edit."""
+    text = "".join(map(str, source)) if isinstance(source, list) else str(source)
+    text = unicodedata.normalize("NFC", text.replace("\r\n", "\n").replace("\r", "\n").lstrip("\ufeff"))
+    return "\n".join(line.rstrip() for line in text.split("\n")).rstrip()
+
+
+def _line_endings(source: str) -> str:
+    """The student's own code with LF line endings (what it means is unchanged: Python reads CRLF as LF)."""
+    return source.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -> tuple[nbformat.NotebookNode, list[Note]]:
@@ -45,6 +60,7 @@ def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -
                     continue
                 cell = copy.deepcopy(cell)
                 cell["metadata"] = {ADDED: True}  # their metadata means nothing to the grader
+                cell.source = _line_endings(cell.source)
                 extras.setdefault(anchor, []).append(cell)
             continue
         grade_id = info.get("grade_id")
@@ -67,9 +83,9 @@ def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -
         if theirs is None:
             notes.append(f"deleted {'answer ' if info.get('solution') else ''}cell {grade_id} restored")
         elif info.get("solution"):
-            cell.source = theirs.source
+            cell.source = _line_endings(theirs.source)
         else:
-            if theirs.source != cell.source:
+            if normalised(theirs.source) != normalised(cell.source):
                 notes.append(f"edited locked cell {grade_id} restored")
             their_info = cells.nbgrader(theirs)
             if any(their_info.get(k) != info.get(k) for k in ("grade", "solution", "locked", "points")):

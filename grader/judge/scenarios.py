@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import nbformat
 
 from grader.author.markers import HIDDEN_BLOCK, SOLUTION_BLOCK
-from grader.author.mutants import reference_answers
 from grader.course import Assignment
+from grader.judge.reference import reference_answers
 from labkit import cells
 
 

@@ -14,6 +14,7 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from queue import Empty
 
@@ -30,13 +31,22 @@ RECEIVE_QUEUE = 32  # messages zmq holds unread per socket (RCVHWM); a publisher
 INTERRUPT_GRACE_S = 10.0
 MAX_RESTARTS = 3
 
-# Why a step did not finish normally (StepRun.failure).
-TIMEOUT = "timeout"  # interrupted after the time limit; the kernel lived on
-KILLED = "killed"  # still running after the interrupt: the kernel was killed
-DIED = "died"  # the kernel died while the step ran
-OUTPUT_LIMIT = "output limit"  # more output than MAX_OUTPUT_CHARS: the rest was dropped
-NOT_RUN = "not run"  # no kernel could be started for it
-SKIPPED = "skipped"  # a cell of the student's own after their cells had used OWN_CELLS_BUDGET
+
+
+class Failure(str, Enum):
+    """Why a step did not finish normally (StepRun.failure); NONE when it did."""
+
+    NONE = ""
+    TIMEOUT = "timeout"  # interrupted after the time limit; the kernel lived on
+    KILLED = "killed"  # still running after the interrupt: the kernel was killed
+    DIED = "died"  # the kernel died while the step ran
+    OUTPUT_LIMIT = "output limit"  # more output than MAX_OUTPUT_CHARS: the rest was dropped
+    NOT_RUN = "not run"  # no kernel could be started for it
+    SKIPPED = "skipped"  # a cell of the student's own after their cells had used OWN_CELLS_BUDGET
+
+
+TIMEOUT, KILLED, DIED, OUTPUT_LIMIT, NOT_RUN, SKIPPED = (Failure.TIMEOUT, Failure.KILLED, Failure.DIED,
+                                                          Failure.OUTPUT_LIMIT, Failure.NOT_RUN, Failure.SKIPPED)
 
 
 def own_cells_budget(timeout: float) -> float:
@@ -62,9 +72,9 @@ class StepRun:
 
     outputs: list[dict] = field(default_factory=list)  # nbformat outputs
     error: str | None = None  # the exception's class name when the step raised
-    failure: str = ""  # TIMEOUT, KILLED, DIED, OUTPUT_LIMIT, NOT_RUN or ""
+    failure: Failure = Failure.NONE
     seconds: float = 0.0
-    payloads: list[dict] = field(default_factory=list)  # scenario results (probe.MIME display data)
+    payloads: list[probe.Message] = field(default_factory=list)  # what a scenario sent (probe.MIME display data)
     reason: str = ""  # DIED: why, when the sandbox knows (a limit it enforces); see Kernel.exit_reason
 
 
@@ -181,19 +191,32 @@ def _as_output(kind: str, content: dict) -> dict:
     return output
 
 
+# A copy of the kernel's names that a student's `dict = {}` or `globals = 1` cannot break.
+_COPY_NAMES = "__import__('builtins').dict(__import__('builtins').globals())"
+
+
 def snapshot_code() -> str:
     """The step after a set-up cell: remember the names set-up made (injected reference code is defined among them)."""
-    return f"{probe.SETUP_NAMES} = dict(globals())\n"
+    return f"{probe.SETUP_NAMES} = {_COPY_NAMES}\n"
 
 
-def scenario_code(test: str, code: str, answers: tuple[str, ...], inject: str = "", inject_names: tuple[str, ...] = ()) -> str:
-    """The cell that runs one scenario through a fresh copy of grader/kernel/probe.py inside the kernel."""
+def position_code(test: str) -> str:
+    """The step at a test cell's place: remember the notebook's names there (its scenario runs later, with them)."""
+    return f"__import__('builtins').globals().setdefault({probe.POSITIONS!r}, {{}})[{test!r}] = {_COPY_NAMES}\n"
+
+
+def scenario_code(test: str, code: str, answers: tuple[str, ...], inject: str = "", inject_names: tuple[str, ...] = (),
+                  position: str = "") -> str:
+    """The cell that runs one scenario through a fresh copy of grader/kernel/probe.py inside the kernel.
+
+    `position`: the test whose place's names the scenario sees (position_code); '' for the names as they are now.
+    """
     return (
         "def _tml_scenario():\n"
         "    import types\n"
         "    module = types.ModuleType('_tml_probe')\n"
         f"    exec({PROBE_SOURCE!r}, module.__dict__)\n"
-        f"    module.run({test!r}, {code!r}, {tuple(answers)!r}, {inject!r}, {tuple(inject_names)!r})\n"
+        f"    module.run({test!r}, {code!r}, {tuple(answers)!r}, {inject!r}, {tuple(inject_names)!r}, {position!r})\n"
         "_tml_scenario()\n"
         "del _tml_scenario\n"
     )

@@ -1,16 +1,21 @@
 """Kernel side of grading: run one hidden-test scenario and send back plain data — never a verdict.
 
-The trusted grader (grader/kernel/harness.py) sends this file's source into the student's kernel once, then
-one `_tml_probe.run(...)` call per test cell. A scenario is the test's hidden code with its oracle
+The trusted grader (grader/kernel/harness.py) sends this file's source into the student's kernel with
+each `_tml_probe.run(...)` call, one per test cell. A scenario is the test's hidden code with its oracle
 blocks removed: it builds inputs, calls the student's functions and records what came back with
-`observe(name, value, **spec)`. The recorded values leave the kernel as one JSON display message
-(tensors as raw bytes with dtype and shape); the grader decodes them without pickle and compares
-them, outside this process, with what the reference solution recorded for the same scenario.
+`observe(name, value, **spec)`. Each observation is encoded and sent at once, as its own display message
+(`Message`, tensors as raw bytes with dtype and shape): what was sent cannot be rewritten by anything the
+student's code does later. The grader decodes the messages without pickle and compares them, outside
+this process, with what the reference solution recorded for the same scenario.
 
 So nothing here needs to be trusted: a student who patches it can only change the values the grader
 receives, and those earn points only when they equal the reference's. In the reference run the same
 scenario also runs its `with oracle():` blocks, whose `expect(name, value)` calls give expected values
 computed by torch itself (never sent to a student's kernel).
+
+Every scenario runs after all of the student's cells (grader/judge/grading.py plans it so): it sees the
+notebook's names as they were at its test cell's place (`POSITIONS`), and torch's global switches as a
+fresh kernel has them (`course_defaults`).
 
 This file is executed in the kernel, not imported: at module level it uses only the standard library.
 """
@@ -20,14 +25,36 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
+from typing import Literal, TypedDict
 
 MIME = "application/vnd.tml.observations+json"
 # The kernel variable the grader sets after each set-up cell: a copy of the names set-up cells defined.
 SETUP_NAMES = "_tml_setup_names"
+# The kernel variable holding, per test, a copy of the notebook's names at that test cell's place.
+POSITIONS = "_tml_positions"
 MAX_ELEMENTS = 2_000_000  # per tensor; a larger one is recorded by its type only
 MAX_DEPTH = 6
 MAX_ITEMS = 10_000  # per list, tuple or dict
 SPEC_KEYS = ("rtol", "atol", "hint", "factor_hints", "message", "any_shape")
+
+
+class Observed(TypedDict):
+    """One `observe` (or, in the reference run, `expect`) call: a name, the encoded value, how to compare."""
+
+    name: str
+    value: dict  # encode()'s plain JSON
+    spec: dict  # the SPEC_KEYS given (only the reference run's are ever used)
+
+
+class Message(TypedDict, total=False):
+    """One display message of the scenario payload MIME; a scenario sends `observed`/`expected` ones, then one `end`."""
+
+    test: str
+    seq: int  # 0, 1, 2, … in the order sent; the end message's seq counts the messages before it
+    kind: Literal["observed", "expected", "end"]
+    item: Observed  # observed and expected messages
+    error: str | None  # end message: the class name of the exception that ended the scenario
 
 
 def encode(value, depth: int = 0) -> dict:
@@ -82,87 +109,174 @@ def _spec(spec: dict) -> dict:
     return json.loads(json.dumps(plain, default=str))
 
 
-class Recorder:
-    """Collects what one scenario observed, in order."""
+def publish(message: Message) -> None:
+    from IPython.display import display
 
-    def __init__(self) -> None:
-        self.observed: list[dict] = []
-        self.expected: list[dict] = []
+    display({MIME: message}, raw=True)
+
+
+def _never_drop(shell) -> None:
+    """Make the kernel's IOPub socket wait for the grader instead of dropping messages when it reads slowly.
+
+    A scenario sends one message per observation (hundreds, for some tests); a publish socket drops what its
+    reader has not taken beyond its high-water mark. Waiting costs only this kernel: the grader's side of the
+    socket stays bounded (grader/kernel/harness.py)."""
+    thread = getattr(getattr(shell, "kernel", None), "iopub_thread", None)
+    if thread is None:
+        return
+    import zmq
+
+    def lossless() -> None:
+        with contextlib.suppress(Exception):  # not an XPUB socket: nothing to set
+            thread.socket.setsockopt(zmq.XPUB_NODROP, 1)
+
+    thread.schedule(lossless)  # in the IO thread, before any message this scenario sends
+
+
+class Recorder:
+    """Sends what one scenario observes, in order, each value as it is at the moment it is observed."""
+
+    def __init__(self, test: str) -> None:
+        self.test = test
+        self.sent = 0
+
+    def _send(self, kind: Literal["observed", "expected"], name, value, spec: dict) -> None:
+        # Encoded to text now: a later change to the value (or to this recorder) cannot reach what was sent.
+        item = Observed(name=str(name), value=encode(value), spec=_spec(spec))
+        publish(Message(test=self.test, seq=self.sent, kind=kind, item=json.loads(json.dumps(item))))
+        self.sent += 1
 
     def observe(self, name, value, **spec) -> None:
         """Record a value the student's code produced; the grader compares it with the reference's."""
-        self.observed.append({"name": str(name), "value": encode(value), "spec": _spec(spec)})
+        self._send("observed", name, value, spec)
 
     def expect(self, name, value) -> None:
         """(Reference run only, inside `with oracle():`) the value `name` must have, computed by torch."""
-        self.expected.append({"name": str(name), "value": encode(value)})
+        self._send("expected", name, value, {})
+
+    def end(self, error: str | None) -> None:
+        publish(Message(test=self.test, seq=self.sent, kind="end", error=error))
 
 
-def publish(payload: dict) -> None:
-    from IPython.display import display
+# torch's global switches that change what a computation returns, as a fresh kernel has them:
+# (what it is, how to read it, how to set it, the fresh kernel's value).
+def _switches(torch) -> list[tuple]:
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    switches = [
+        ("default dtype", torch.get_default_dtype, torch.set_default_dtype, torch.float32),
+        ("grad mode", torch.is_grad_enabled, torch.set_grad_enabled, True),
+        ("anomaly mode", lambda: (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()),
+         lambda state: torch.set_anomaly_enabled(*state), (False, True)),
+        ("flush denormal", lambda: _flushes_denormals(torch), torch.set_flush_denormal, False),
+        ("float32 matmul precision", torch.get_float32_matmul_precision, torch.set_float32_matmul_precision, "highest"),
+        ("deterministic algorithms", lambda: (torch.are_deterministic_algorithms_enabled(),
+                                              torch.is_deterministic_algorithms_warn_only_enabled()),
+         lambda state: torch.use_deterministic_algorithms(state[0], warn_only=state[1]), (False, False)),
+        ("cpu autocast", lambda: (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")),
+         lambda state: (torch.set_autocast_enabled("cpu", state[0]), torch.set_autocast_dtype("cpu", state[1])),
+         (False, torch.bfloat16)),
+        ("autocast cache", torch.is_autocast_cache_enabled, torch.set_autocast_cache_enabled, True),
+        ("cuda tf32 matmul", lambda: torch.backends.cuda.matmul.allow_tf32,
+         lambda on: setattr(torch.backends.cuda.matmul, "allow_tf32", on), False),
+        ("cudnn tf32", lambda: torch.backends.cudnn.allow_tf32, lambda on: setattr(torch.backends.cudnn, "allow_tf32", on),
+         True),
+        ("cuda fp16 reduced-precision reductions",
+         lambda: torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+         lambda on: setattr(torch.backends.cuda.matmul, "allow_fp16_reduced_precision_reduction", on), True),
+        ("cuda bf16 reduced-precision reductions",
+         lambda: torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+         lambda on: setattr(torch.backends.cuda.matmul, "allow_bf16_reduced_precision_reduction", on), True),
+        ("global random state", torch.random.get_rng_state, torch.random.set_rng_state, None),
+    ]
+    if threads.isdigit() and int(threads) > 0:
+        switches.append(("threads", torch.get_num_threads, torch.set_num_threads, int(threads)))
+    if torch.cuda.is_initialized():  # never initialise CUDA here: a forked kernel could not use it afterwards
+        switches.append(("cuda autocast", lambda: (torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")),
+                         lambda state: (torch.set_autocast_enabled("cuda", state[0]),
+                                        torch.set_autocast_dtype("cuda", state[1])), (False, torch.float16)))
+    return switches
 
-    display({MIME: payload}, raw=True)
+
+def _flushes_denormals(torch) -> bool:
+    """Whether set_flush_denormal(True) is in effect (torch has no getter): a subnormal times 1 comes out 0."""
+    one = torch.ones(1, dtype=torch.float32, device="cpu")
+    return bool((torch.full((1,), 2.0 ** -140, dtype=torch.float32, device="cpu") * one).item() == 0.0)
 
 
 @contextlib.contextmanager
 def course_defaults():
-    """torch's global settings as a fresh kernel has them, for the scenario's duration.
+    """torch's global settings as a fresh kernel has them, for the scenario's duration; the student's afterwards.
 
-    A student may well have called `torch.set_default_dtype(torch.float64)` or switched grad mode off in a
-    scratch cell; the scenario's inputs must still be the reference run's, so they are reset and then put back.
+    A student may well have called `torch.set_default_dtype(torch.float64)`, `torch.set_flush_denormal(True)`
+    or switched grad mode off in a scratch cell; the scenario must still compute what the reference run
+    computed (a hidden test is never stricter than the contract), so every switch is reset and put back.
+    The global random state starts from a fixed seed; inference mode and a default device are off.
     """
     import torch
 
-    saved = (torch.get_default_dtype(), torch.get_default_device(), torch.is_grad_enabled(), torch.is_anomaly_enabled())
-    torch.set_default_dtype(torch.float32)
+    device = torch.get_default_device()
     torch.set_default_device(None)
-    torch.set_grad_enabled(True)
-    torch.set_anomaly_enabled(False)
+    saved = []
+    for _, read, write, fresh in _switches(torch):
+        try:
+            saved.append((write, read()))
+            if fresh is None:
+                torch.manual_seed(0)
+            else:
+                write(fresh)
+        except Exception:  # a switch this build of torch lacks, or one that cannot change now
+            continue
     try:
-        yield
+        with torch.inference_mode(False):
+            yield
     finally:
-        torch.set_default_dtype(saved[0])
+        for write, value in reversed(saved):
+            with contextlib.suppress(Exception):
+                write(value)
         # cpu is what no default device means; setting it would leave a DeviceContext mode on every later cell
-        torch.set_default_device(None if saved[1] == torch.device("cpu") else saved[1])
-        torch.set_grad_enabled(saved[2])
-        torch.set_anomaly_enabled(saved[3])
+        torch.set_default_device(None if device == torch.device("cpu") else device)
 
 
-def run(test_id: str, code: str, answers: tuple[str, ...], inject: str = "", inject_names: tuple[str, ...] = ()) -> None:
-    """Run one scenario and publish what it observed.
+def run(test_id: str, code: str, answers: tuple[str, ...], inject: str = "", inject_names: tuple[str, ...] = (),
+        position: str = "") -> None:
+    """Run one scenario, sending what it observes as it goes, then an end message.
 
     The scenario sees the exercises' answers (`answers`: the names the answer cells define) and nothing
     else of the notebook, so a scratch cell that rebinds `X` or `model` cannot change the test's inputs.
-    `inject` is the reference definition of functions another exercise provides (one mistake, one
-    penalty): it replaces the student's names while the scenario runs and is removed afterwards. It is
-    defined among the names the set-up cells made (SETUP_NAMES), so a student's `dist = 3` cannot break it.
+    While it runs, the notebook's names are what they were at the test cell's place (`position`: the key
+    of that copy in POSITIONS), so a cell below the test that redefines a helper changes nothing; they are
+    put back afterwards. `inject` is the reference definition of functions another exercise provides (one
+    mistake, one penalty): it replaces the student's names while the scenario runs. It is defined among the
+    names the set-up cells made (SETUP_NAMES), so a student's `dist = 3` cannot break it.
     """
     from IPython import get_ipython
 
-    from labkit.scenario import autograd_guard
+    import labkit.scenario as guards
 
-    user_ns = get_ipython().user_ns
-    missing = object()
-    saved = {name: user_ns.get(name, missing) for name in inject_names}
-    recorder = Recorder()
+    shell = get_ipython()
+    _never_drop(shell)
+    user_ns = shell.user_ns
+    now = dict(user_ns)
+    there = user_ns.get(POSITIONS, {}).get(position) if position and isinstance(user_ns.get(POSITIONS), dict) else None
+    recorder = Recorder(test_id)
     error = None
     try:
+        if isinstance(there, dict):
+            user_ns.clear()
+            user_ns.update(there)
         if inject:
             setup = user_ns.get(SETUP_NAMES)
             namespace = dict(setup if isinstance(setup, dict) else user_ns)
             exec(compile(inject, f"<reference for {test_id}>", "exec"), namespace)
             user_ns.update({name: namespace[name] for name in inject_names})
         scope = {name: user_ns[name] for name in answers if name in user_ns}
-        scope.update(observe=recorder.observe, expect=recorder.expect, oracle=contextlib.nullcontext,
-                     autograd_guard=autograd_guard)
+        scope.update({name: getattr(guards, name) for name in guards.GUARDS})
+        scope.update(observe=recorder.observe, expect=recorder.expect, oracle=contextlib.nullcontext)
         with course_defaults():
             exec(compile(code, f"<hidden test {test_id}>", "exec"), scope)
     except BaseException as exc:
         error = type(exc).__name__
     finally:
-        for name, value in saved.items():
-            if value is missing:
-                user_ns.pop(name, None)
-            else:
-                user_ns[name] = value
-    publish({"test": test_id, "observed": recorder.observed, "expected": recorder.expected, "error": error})
+        user_ns.clear()
+        user_ns.update(now)
+    recorder.end(error)

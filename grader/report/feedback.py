@@ -2,8 +2,9 @@
 
 Written on the trusted side from the rebuilt notebook and the grading run. It shows what a student
 may see and nothing else: the released (visible) test code, never hidden source; the outputs of the
-student's cells only up to the first hidden test (later outputs could carry what the tests did); and
-for each test the points and the verdict message. Everything that came from the student is escaped;
+student's cells, which all ran before the first hidden test (grader/judge/grading.py plans it so: the
+outflow rule lets nothing the kernel produced after that point through); and for each test the points
+and the verdict message. Everything that came from the student is escaped;
 the page runs no script and loads nothing (its Content-Security-Policy forbids both).
 
 Two modes of the same page (`autograde --feedback`, or `feedback =` in the grading config):
@@ -111,9 +112,7 @@ def _cells(notebook: nbformat.NotebookNode, graded: Graded, released: bool = Tru
         index_run = runs.get(grade_id or f"cell {index + 1}")
         outputs = ""
         if index_run is not None and index_run[0] < graded.first_test and theirs:
-            outputs = _outputs(index_run[1])
-        elif index_run is not None and index_run[1].error and theirs:
-            outputs = f"<pre>this cell raised {html.escape(_builtin(index_run[1].error))}</pre>"
+            outputs = _outputs(index_run[1])  # every cell of theirs ran before the first hidden test
         shown.append(f'<div class="cell"><div class="label">{html.escape(label)}</div>'
                      f"<pre>{_text(cell.source)}</pre>{outputs}</div>")
     return shown
@@ -122,12 +121,6 @@ def _cells(notebook: nbformat.NotebookNode, graded: Graded, released: bool = Tru
 def _prose(markdown: str) -> str:
     """The release's own markdown as HTML, without images from elsewhere (the page fetches nothing)."""
     return REMOTE_IMAGE.sub("", str(mistune.html(markdown)))
-
-
-def _builtin(name: str) -> str:
-    from grader.judge.judge import shown_error
-
-    return shown_error(name)
 
 
 def _verdict(v, mistakes: dict[str, str], released: bool) -> str:

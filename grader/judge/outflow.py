@@ -1,0 +1,114 @@
+"""What a verdict may repeat of what the student's kernel sent, and how many bits that lets out.
+
+The outflow rule (shared/COURSE.md): once the first hidden scenario starts in a kernel, nothing the kernel
+produces reaches a page, a file or a column except the trusted verdict — points, and messages composed here
+from the reference run's words plus numbers (bounded digits) and shapes. Everything a message says about a
+student's value goes through `shown`: a number to at most 6 significant digits, a tensor by its shape (at
+most 4 dimensions of at most 4 digits), a string only when the reference or a known mistake produced the
+same string (`vocabulary`), a container by its kind and length, anything else by a common type name or as
+"an object of another type". An exception is named only when it is one of COMMON_ERRORS.
+
+`residual_bits` bounds what one hand-in can carry out that way, test by test (README states it;
+tests/test_outflow.py measures it and checks that hostile values never get more into a message).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+
+# Type names a message may repeat; any other (a class the student named) is "an object of another type".
+SHOWN_TYPES = frozenset({"list", "tuple", "dict", "str", "NoneType", "int", "float", "bool", "complex", "Tensor",
+                         "ndarray", "generator", "function", "method", "set", "Parameter", "float64", "float32",
+                         "int64", "bytes"})
+ANOTHER_TYPE = "an object of another type"
+ANOTHER_STRING = "a different string"
+# Exceptions a message may name (what honest mistakes raise); any other is "an exception".
+COMMON_ERRORS = ("NotImplementedError", "NameError", "TypeError", "ValueError", "RuntimeError", "IndexError",
+                 "KeyError", "AttributeError", "ZeroDivisionError", "AssertionError", "MemoryError", "RecursionError",
+                 "OverflowError", "UnboundLocalError", "ImportError")
+DIGITS = 6  # significant digits of a number a message repeats
+MAX_SHOWN_DIMS, MAX_SHOWN_DIM = 4, 9999  # a shape beyond these is "a shape with k dimensions"
+MAX_STRING = 80  # a vocabulary string longer than this is not repeated either
+
+# --- the bound -------------------------------------------------------------------------------------------
+# A number of at most DIGITS significant digits, with its sign and a float64 exponent: about 2**30 strings.
+BITS_PER_NUMBER = math.log2(2 * 9 * 10 ** (DIGITS - 1) * 700 + 4)
+# The most student-derived numbers one message holds (check_tensor's "largest difference D at index I: expected E,
+# got G" has D, I and G; a shape is counted as its numbers), and the message templates one observation can pick.
+MAX_NUMBERS = 4
+TEMPLATES = 64
+# What else a test's verdict can be: no failure, timeout, timeout and killed, died (three reasons the sandbox
+# names), too much output, no result, more than one, unreadable, for another test, lost messages, not run.
+FAILURE_STATES = 12
+# results.json's timings: five stages after the first scenario, each to 2 significant digits in 0.001 s … 10**4 s.
+TIMING_BITS = 5 * math.log2(7 * 90 + 1)
+
+
+def number(value: float | int) -> str:
+    """A number as a message repeats it: at most DIGITS significant digits, whatever its size."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) < 10 ** DIGITS:
+            return str(value)
+        digits = str(abs(value))
+        mantissa = f"{digits[0]}.{digits[1:DIGITS]}".rstrip("0").rstrip(".")
+        return f"{'-' if value < 0 else ''}{mantissa}e+{len(digits) - 1}"
+    return f"{float(value):.{DIGITS}g}"
+
+
+def shape(dims: Iterable[int]) -> str:
+    """A student's tensor shape as a message repeats it."""
+    dims = list(dims)
+    if len(dims) <= MAX_SHOWN_DIMS and all(0 <= d <= MAX_SHOWN_DIM for d in dims):
+        return str(dims)
+    return f"a shape with {min(len(dims), 9)} dimensions"
+
+
+def type_name(text: object) -> str:
+    """A type name as the student may see it: a common one as it is, anything else as ANOTHER_TYPE."""
+    name = str(text).split(" ", 1)[0]
+    return name if name in SHOWN_TYPES else ANOTHER_TYPE
+
+
+def error_name(name: str | None) -> str:
+    """An exception's class name as the student may see it: one of COMMON_ERRORS, or "an exception"."""
+    return name if name in COMMON_ERRORS else "an exception"
+
+
+def strings(value: object) -> set[str]:
+    """Every string inside a decoded value (dict keys included)."""
+    if isinstance(value, str):
+        return {value}
+    if isinstance(value, (list, tuple)):
+        return set().union(*(strings(v) for v in value))
+    if isinstance(value, dict):
+        return set().union(*(strings(k) | strings(v) for k, v in value.items()))
+    return set()
+
+
+def shown(value: object, vocabulary: frozenset[str] = frozenset()) -> str:
+    """What a message may say about a value the student's kernel sent."""
+    from grader.judge.judge import Opaque
+
+    if isinstance(value, Opaque):
+        return value.type_name
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {shape(value.shape)}"
+    if value is None or isinstance(value, bool):
+        return repr(value)
+    if isinstance(value, (int, float)):
+        return number(value)
+    if isinstance(value, str):
+        return repr(value) if value in vocabulary and len(value) <= MAX_STRING else ANOTHER_STRING
+    if isinstance(value, (list, tuple, dict)):
+        return f"a {type(value).__name__} of {number(len(value))} items"
+    return ANOTHER_TYPE
+
+
+def residual_bits(observations: int, mistakes: int) -> float:
+    """Bits one test's verdict can carry out of the kernel: passed, or failed with one message, known mistake
+    and failure state; a message is one observation's, one of TEMPLATES, with MAX_NUMBERS numbers at most."""
+    failed = FAILURE_STATES * (mistakes + 1) * max(observations, 1) * TEMPLATES
+    return math.log2(1 + failed) + MAX_NUMBERS * BITS_PER_NUMBER

@@ -331,6 +331,12 @@ HABITS = {
     "plots": ("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()", "gradient_descent"),
     "an-error-in-a-scratch-cell": ("1 / 0", "numerical_grad"),
     "float64-by-default": ("torch.set_default_dtype(torch.float64)\ntorch.set_grad_enabled(False)", "setup"),
+    # every global switch a scratch cell can flip (issue 20): each hidden test runs with torch's defaults
+    "every-global-switch-flipped": (
+        "torch.set_flush_denormal(True)\ntorch.set_float32_matmul_precision('medium')\n"
+        "torch.use_deterministic_algorithms(True, warn_only=True)\ntorch.set_anomaly_enabled(True)\n"
+        "torch.set_num_threads(1)\ntorch.set_autocast_enabled('cpu', True)\ntorch.manual_seed(1234)\n"
+        "torch.backends.cudnn.allow_tf32 = False", "mse_grad_answer"),
 }
 
 
@@ -348,8 +354,12 @@ def honest_class(tmp_path_factory):
         "def mse_grad(w, X, y):\n    return X.T @ (X @ w - y)  # draft: factor 2 and 1/n missing"))
     put(cls, "drafts-beside-the-answer", A, with_cell(final.replace("def mse_grad", "def mse_grad_v1"),
                                                       after="mse_grad_answer", base=draft))
-    put(cls, "private-helper", A, with_answer("mse_grad_answer", "def _residual(w, X, y):\n    return X @ w - y\n\n"
-                                               "def mse_grad(w, X, y):\n    return 2.0 / X.shape[0] * X.T @ _residual(w, X, y)"))
+    helper = with_answer("mse_grad_answer", "def _residual(w, X, y):\n    return X @ w - y\n\n"
+                                            "def mse_grad(w, X, y):\n    return 2.0 / X.shape[0] * X.T @ _residual(w, X, y)")
+    put(cls, "private-helper", A, copy.deepcopy(helper))
+    # The helper redefined in a scratch cell below mse_grad's test: that test still sees the helper of its place.
+    other_sign = "def _residual(w, X, y):\n    return y - X @ w  # tried the other sign"
+    put(cls, "helper-redefined-below-its-test", A, with_cell(other_sign, after="critical_lr", base=helper))
     put(cls, "extra-markdown", A, with_cell("## My notes\n<b>bold</b> and $x^2$", after="mse_grad", cell_type="markdown"))
     # The answer cell split in two (JupyterLab's split keeps the metadata on both halves).
     split = reference_submission(A)
@@ -378,8 +388,16 @@ def honest_class(tmp_path_factory):
     vscode["metadata"]["kernelspec"] = {"name": ".venv", "display_name": ".venv", "language": "python"}
     for cell in vscode["cells"]:
         cell["metadata"]["vscode"] = {"languageId": "python"}
+        # VS Code on Windows: CRLF inside every cell's source lines too, and in the file
+        cell["source"] = [line.replace("\n", "\r\n") for line in cell["source"]]
     (cls / "saved-by-vscode-crlf" / ONE).mkdir(parents=True)
     (cls / "saved-by-vscode-crlf" / ONE / A.notebook).write_bytes(json.dumps(vscode, indent=1).replace("\n", "\r\n").encode())
+    # Sources as one string each, with a trailing newline and trailing spaces on every line.
+    edited = json.loads(nbformat.writes(reference_submission(A)))
+    for cell in edited["cells"]:
+        cell["source"] = "".join(cell["source"]).replace("\n", "  \n") + "\n"
+    (cls / "sources-as-strings-with-trailing-space" / ONE).mkdir(parents=True)
+    (cls / "sources-as-strings-with-trailing-space" / ONE / A.notebook).write_text(json.dumps(edited))
     colab = json.loads(nbformat.writes(reference_submission(A)))
     colab["metadata"].update(colab={"provenance": []}, accelerator="GPU")
     for cell in colab["cells"]:
@@ -396,7 +414,7 @@ def honest_class(tmp_path_factory):
 
 def test_honest_habits_cost_nothing(honest_class):
     rows, _ = honest_class
-    assert len(rows) == len(HABITS) + 8
+    assert len(rows) == len(HABITS) + 10
     problems = [f"{student}: {scores} {status} {messages}" for (student, _), (scores, status, messages, _) in rows.items()
                 if scores != FULL or status != "ok"]
     assert problems == []

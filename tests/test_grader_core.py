@@ -508,3 +508,16 @@ def test_a_scenario_computes_with_every_switch_as_fresh_and_puts_the_students_ba
         if switch == "inference mode":
             INFERENCE.__exit__(None, None, None)
     assert not torch.is_inference_mode_enabled()
+
+
+def test_a_test_given_another_exercises_reference_runs_after_that_exercises_own_test():
+    from grader.judge.scenarios import Scenario, _dependencies_first
+
+    def scenario(test):
+        return Scenario(test, 1.0, "", "", (), "", ())
+
+    found = [scenario("uses_g"), scenario("f"), scenario("g"), scenario("uses_f_and_uses_g")]
+    after = {"uses_g": {"g"}, "f": set(), "g": set(), "uses_f_and_uses_g": {"f", "uses_g"}}
+    assert [s.test for s in _dependencies_first(found, after)] == ["f", "g", "uses_g", "uses_f_and_uses_g"]
+    with pytest.raises(ValueError, match="circle"):
+        _dependencies_first([scenario("a"), scenario("b")], {"a": {"b"}, "b": {"a"}})

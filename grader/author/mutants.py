@@ -36,6 +36,7 @@ from grader.paths import MUTANTS, VARIANTS
 from labkit import cells
 
 MIN_MUTANTS_PER_EXERCISE = 3
+MIN_VARIANTS_PER_EXERCISE = 2
 # The reference answers live with production grading (grader/judge/reference.py); named here for the self-tests.
 __all__ = ["Mutant", "Variant", "blank_submission", "build_submission", "load_mutants", "load_variants",
            "mutant_problems", "mutant_submission", "pack_mutants", "reference_answers", "reference_function",
@@ -128,7 +129,8 @@ def pack_mutants(mutants: list[Mutant] | list[Variant]) -> list[list]:
 
 
 def mutant_problems() -> list[str]:
-    """Mutants that name unknown cells, and graded exercises with fewer than three mutants."""
+    """Mutants and variants that name unknown cells, graded exercises with fewer than three mutants, and — in a
+    notebook that has a variants file — fewer than two variants (correct answers written differently)."""
     problems = []
     for assignment in assignments():
         source = nbformat.read(assignment.source, as_version=4).cells
@@ -143,8 +145,12 @@ def mutant_problems() -> list[str]:
                     problems.append(f"{assignment.name}: {what} {m.name} replaces unknown answer cell {m.cell!r}")
                 if m.exercise not in tests:
                     problems.append(f"{assignment.name}: {what} {m.name} names {m.exercise!r}, which is not a test cell")
+        variants = load_variants(assignment)
         for test in sorted(tests):
             count = sum(m.exercise == test for m in mutants)
             if count < MIN_MUTANTS_PER_EXERCISE:
                 problems.append(f"{assignment.name}: exercise {test} has {count} mutants, needs {MIN_MUTANTS_PER_EXERCISE}")
+            written = sum(v.exercise == test for v in variants)
+            if (VARIANTS / f"{assignment.name}.toml").exists() and written < MIN_VARIANTS_PER_EXERCISE:
+                problems.append(f"{assignment.name}: exercise {test} has {written} variants, needs {MIN_VARIANTS_PER_EXERCISE}")
     return problems

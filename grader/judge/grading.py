@@ -78,14 +78,16 @@ def coarse(seconds: dict[str, float]) -> dict[str, float]:
 
 def plan(nb: nbformat.NotebookNode, assignment: Assignment, *, reference: bool = False) -> list[Step]:
     """The steps that grade `nb`: set-up cells, answers and the student's own cells in notebook order, with a
-    step at each test cell's place that remembers the names there; then every test's scenario, with those names.
+    step at each test cell's place that remembers the names there; then every test's scenario, with those names,
+    in scenarios()'s order (a test given another exercise's reference answer after that exercise's test).
 
     Nothing the student wrote runs after the first scenario starts, except what the scenarios call: the outflow
     rule (shared/COURSE.md) needs no cell's outcome to be dropped, and a cell below a test still cannot change
     what that test sees.
     """
     tests = {s.test: s for s in scenarios(assignment)}
-    steps, scenario_steps = [], []
+    steps: list[Step] = []
+    scenario_steps: dict[str, Step] = {}
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "code" or not cell.source.strip():
             continue
@@ -96,16 +98,16 @@ def plan(nb: nbformat.NotebookNode, assignment: Assignment, *, reference: bool =
                     if reference else
                     harness.scenario_code(grade_id, scenario.student_code, scenario.answers, scenario.inject,
                                           scenario.inject_names, position=grade_id))
-            steps.append(Step(f"{grade_id} (place)", harness.position_code(grade_id), by_student=False))
-            scenario_steps.append(Step(grade_id, code, by_student=False, test=grade_id))
+            steps.append(Step(f"{grade_id} (place)", harness.position_code(grade_id), by_student=False, history=False))
+            scenario_steps[grade_id] = Step(grade_id, code, by_student=False, test=grade_id)
         elif cell_kind == cells.ANSWER:
             steps.append(Step(grade_id, cell.source, by_student=True))
         elif cell_kind == cells.SETUP:
             steps.append(Step(grade_id, cell.source, by_student=False))
-            steps.append(Step(f"{grade_id} (names)", harness.snapshot_code(), by_student=False))
+            steps.append(Step(f"{grade_id} (names)", harness.snapshot_code(), by_student=False, history=False))
         elif cell_kind == cells.ADDED:
             steps.append(Step(f"cell {index + 1}", cell.source, by_student=True, added=True))
-    return steps + scenario_steps
+    return steps + [scenario_steps[test] for test in tests if test in scenario_steps]  # in scenarios()'s order
 
 
 FAILURE_WORDS = {
@@ -211,17 +213,19 @@ def canary(assignment: Assignment, new_kernel: Callable[[], Kernel], timeout: fl
 # --- the reference records ----------------------------------------------------------------------------------
 
 def _records_key(assignment: Assignment, released: nbformat.NotebookNode) -> str:
-    """Changes with anything the reference records depend on: the source, the release, the probe, helpers, torch."""
+    """Changes with anything the reference records depend on: the source, the release, the mutants, the code that
+    plans and runs the scenarios (probe, harness, scenarios, this module), helpers and labkit, torch, Python."""
     import torch
 
     digest = hashlib.sha256(assignment.source.read_bytes())
     digest.update(nbformat.writes(released).encode())
-    from grader.judge import scenarios
+    from grader.judge import reference, scenarios
     from grader.kernel import probe
 
     kernel_side = sorted(path for package in KERNEL_PACKAGES for path in package.glob("*.py"))
     mutants = MUTANTS / f"{assignment.name}.toml"
-    for path in [*kernel_side, Path(probe.__file__), Path(scenarios.__file__), *([mutants] if mutants.exists() else [])]:
+    runs = [Path(module.__file__ or "") for module in (probe, harness, scenarios, reference, sys.modules[__name__])]
+    for path in [*kernel_side, *runs, *([mutants] if mutants.exists() else [])]:
         digest.update(path.name.encode() + path.read_bytes())
     digest.update(f"{torch.__version__} {sys.version}".encode())
     return digest.hexdigest()[:16]

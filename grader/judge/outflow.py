@@ -40,9 +40,10 @@ BITS_PER_NUMBER = math.log2(2 * 9 * 10 ** (DIGITS - 1) * 700 + 4)
 # got G" has D, I and G; a shape is counted as its numbers), and the message templates one observation can pick.
 MAX_NUMBERS = 4
 TEMPLATES = 64
-# What else a test's verdict can be: no failure, timeout, timeout and killed, died (three reasons the sandbox
-# names), too much output, no result, more than one, unreadable, for another test, lost messages, not run.
-FAILURE_STATES = 12
+# How a scenario can stop instead of ending: timeout, timeout and killed, too much output, no result, more than one,
+# unreadable, for another test, cut short, not run; or the kernel died, without a reason, at the CPU limit, or at
+# the memory limit with the amount it held (the sandbox writes it with 3 digits, in MiB or GiB: ~1,500 figures).
+FAILURE_STATES = 9 + 2 + 1_500
 # results.json's timings: five stages after the first scenario, each to 2 significant digits in 0.001 s … 10**4 s.
 TIMING_BITS = 5 * math.log2(7 * 90 + 1)
 
@@ -107,8 +108,9 @@ def shown(value: object, vocabulary: frozenset[str] = frozenset()) -> str:
     return ANOTHER_TYPE
 
 
-def residual_bits(observations: int, mistakes: int) -> float:
-    """Bits one test's verdict can carry out of the kernel: passed, or failed with one message, known mistake
-    and failure state; a message is one observation's, one of TEMPLATES, with MAX_NUMBERS numbers at most."""
-    failed = FAILURE_STATES * (mistakes + 1) * max(observations, 1) * TEMPLATES
+def residual_bits(observations: int, mistakes: int, strings: int) -> float:
+    """Bits one test's verdict can carry out of the kernel: passed, or failed with one message, known mistake and
+    failure state. A message is one observation's, one of TEMPLATES, with at most two strings from the
+    vocabulary (`strings` of them: the value, a dict key) and MAX_NUMBERS numbers."""
+    failed = FAILURE_STATES * (mistakes + 1) * max(observations, 1) * TEMPLATES * (strings + 1) ** 2
     return math.log2(1 + failed) + MAX_NUMBERS * BITS_PER_NUMBER

@@ -103,13 +103,15 @@ def _defines(source: str) -> set[str]:
 
 @functools.cache
 def scenarios(assignment: Assignment) -> tuple[Scenario, ...]:
-    """Every test cell of `assignment`, in notebook order, as a Scenario (read from solutions/)."""
+    """Every test cell of `assignment` as a Scenario (read from solutions/), in the order they run: notebook order,
+    except that a test given another exercise's reference answer (`uses_reference`) runs after that exercise's
+    own test — the student's code sees the reference while it runs, so it must be too late to use it there."""
     answers = reference_answers(assignment)
-    providers = {name: source for source in answers.values() for name in _defines(source)}
+    providers = {name: (cell_id, source) for cell_id, source in answers.items() for name in _defines(source)}
     source = nbformat.read(assignment.source, as_version=4).cells
     stubs = [SOLUTION_BLOCK.sub("raise NotImplementedError()\n", c.source) for c in source if cells.kind(c) == cells.ANSWER]
     exposed = tuple(sorted({name for stub in stubs for name in _defines(stub)}))
-    found = []
+    found, after = [], {}
     for cell in source:
         if cells.kind(cell) != cells.TEST:
             continue
@@ -119,7 +121,21 @@ def scenarios(assignment: Assignment) -> tuple[Scenario, ...]:
         missing = [n for n in needs if n not in providers]
         if missing:
             raise ValueError(f"{assignment.name}/{info['grade_id']}: uses_reference names no answer's function: {missing}")
-        inject = "\n\n".join(dict.fromkeys(providers[n] for n in needs))
+        inject = "\n\n".join(dict.fromkeys(providers[n][1] for n in needs))
+        after[info["grade_id"]] = {providers[n][0].removesuffix("_answer") for n in needs}
         found.append(Scenario(info["grade_id"], cells.points([cell])[info["grade_id"]], student, reference, exposed, inject,
                               tuple(sorted(_defines(inject))) if inject else ()))
-    return tuple(found)
+    return tuple(_dependencies_first(found, after))
+
+
+def _dependencies_first(found: list[Scenario], after: dict[str, set[str]]) -> list[Scenario]:
+    """`found` in notebook order, each test moved after the tests whose reference answers it is given."""
+    ordered: list[Scenario] = []
+    waiting = list(found)
+    while waiting:
+        ready = next((s for s in waiting if not after[s.test] & {w.test for w in waiting}), None)
+        if ready is None:
+            raise ValueError(f"tests give each other their reference answers in a circle: {[s.test for s in waiting]}")
+        ordered.append(ready)
+        waiting.remove(ready)
+    return ordered

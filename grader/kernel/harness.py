@@ -64,6 +64,7 @@ class Step:
     by_student: bool
     test: str = ""  # the test id when this step is a scenario
     added: bool = False  # a cell the student added: it runs within OWN_CELLS_BUDGET
+    history: bool = True  # kept in the kernel's input history (`_i`, `In`); the grader's own steps are not
 
 
 @dataclass
@@ -160,6 +161,8 @@ class Kernel:
                 payload_chars += size
                 if payload_chars <= MAX_PAYLOAD_CHARS:
                     result.payloads.append(content["data"][probe.MIME])
+                else:  # the rest is dropped: what came is cut short, and the status says why
+                    result.failure = result.failure or OUTPUT_LIMIT
                 continue
             chars += size
             if chars > MAX_OUTPUT_CHARS:
@@ -250,7 +253,7 @@ def run_steps(steps: list[Step], new_kernel: Callable[[], Kernel], timeout: floa
             elif step.added and own_seconds >= budget:
                 run = StepRun(failure=SKIPPED)
             else:
-                run = kernel.run(step.code, timeout, store_history=not step.test)
+                run = kernel.run(step.code, timeout, store_history=step.history and not step.test)
                 if run.failure in (KILLED, DIED):
                     began = time.monotonic()
                     kernel.stop()
@@ -285,7 +288,7 @@ def _fresh(new_kernel: Callable[[], Kernel], replay: list[Step], timeout: float,
     except Exception:
         return None, restarts
     for step in replay:
-        run = kernel.run(step.code, timeout)
+        run = kernel.run(step.code, timeout, store_history=step.history)
         if run.failure in (KILLED, DIED):
             kernel.stop()
             return None, restarts

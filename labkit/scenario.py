@@ -102,7 +102,10 @@ class watch_calls:
     def __enter__(self) -> watch_calls:
         self._previous = (sys.getprofile(), threading.getprofile())
         if self._c_types:
-            self._swap_aliases(sys._getframe(1).f_globals)
+            caller = sys._getframe(1)
+            while caller.f_back is not None and caller.f_globals is globals():  # a subclass's __enter__
+                caller = caller.f_back
+            self._swap_aliases(caller.f_globals)
         if self._codes or self._builtins:
             sys.setprofile(self._profile)
             threading.setprofile(self._profile)

@@ -8,6 +8,7 @@ files, the kernel's own stdout and stderr, rewriting an earlier observation, for
 correct mse_grad of its own (einsum), so a reference mse_grad line anywhere in the output is a leak.
 """
 
+import html
 import json
 import re
 
@@ -155,17 +156,20 @@ def test_nothing_captured_during_the_tests_reaches_a_page_a_file_or_a_column(out
     _, out, cls, root = outflow_class
     source = nbformat.read(A.source, as_version=4)
     reference_mse = {line.strip() for line in reference_answers(A)["mse_grad_answer"].splitlines() if line.strip()}
-    public = {line.strip() for cell in nbformat.read(A.release, as_version=4).cells for line in cell.source.splitlines()}
+    theirs = [*nbformat.read(A.release, as_version=4).cells, *reference_submission(A).cells]  # mse_grad's aside
+    public = {line.strip() for cell in theirs if cells.grade_id(cell) != "mse_grad_answer" for line in cell.source.splitlines()}
     secret = ((secret_lines(source, solutions=False) | reference_mse) - public - set(EINSUM.splitlines())
               - {"### BEGIN SOLUTION", "### END SOLUTION"})
-    scenario_cells = ("_tml_probe", "<hidden test", "<reference for", "module.run(")
+    scenario_cells = ("_tml_probe", "module.run(", *(f"<{kind} {test}>" for kind in ("hidden test", "reference for")
+                                                     for test in FULL))
     written = [p for p in out.rglob("*") if p.is_file() and "logs" not in p.parts]
     assert any(p.suffix == ".html" for p in written) and (out / "grades.csv") in written
     for path in written:
-        text = path.read_text(errors="replace")
+        raw = path.read_text(errors="replace")
+        text = html.unescape(raw)
         assert path.suffix == ".html" or MARK not in text, f"{path} carries what a kernel sent"
         assert not [s for s in scenario_cells if s in text], f"{path} shows a scenario's cell"
-        shown = shown_lines(text) if path.suffix == ".html" else {line.strip() for line in text.splitlines()}
+        shown = shown_lines(raw) if path.suffix == ".html" else {line.strip() for line in text.splitlines()}
         assert not secret & shown, f"{path} shows hidden lines: {sorted(secret & shown)[:3]}"
     for folder in (out, cls, REPO, root):
         assert not list(folder.rglob("leak.txt")), f"a kernel wrote into {folder}"

@@ -32,8 +32,8 @@ def _autograde(args: argparse.Namespace) -> int:
     from grader.batch.autograde import GradingEnvironmentBroken, SandboxUnavailable, autograde
     from grader.batch.shards import ShardError, parse_shard
     from grader.collect.deadlines import ConfigError, load_config
-    from grader.collect.submissions import printable
     from grader.course import assignments
+    from grader.results import printable, status_text
 
     if not args.submissions.exists():
         print(f"no such folder or zip: {args.submissions}", file=sys.stderr)
@@ -58,7 +58,7 @@ def _autograde(args: argparse.Namespace) -> int:
           f"feedback in {args.out / 'feedback'}; report in {args.out / 'report' / 'report.html'}; "
           f"{len(flagged)} with a status note")
     for r in flagged:
-        print(f"  {printable(r.student)}/{printable(r.assignment)}: {printable('; '.join(r.status))}")
+        print(f"  {printable(r.student)}/{printable(r.assignment)}: {printable(status_text(r.status))}")
     return 0
 
 
@@ -117,6 +117,7 @@ def _selftest(args: argparse.Namespace) -> int:
     from grader.batch.autograde import GradingEnvironmentBroken, autograde
     from grader.course import assignment_named, assignments
     from grader.judge.grading import plain_kernel_factory, reference_records
+    from grader.results import status_text
 
     chosen = [assignment_named(n) for n in args.assignments] or assignments()
     out = args.keep or Path(tempfile.mkdtemp(prefix="selftest-"))
@@ -126,7 +127,7 @@ def _selftest(args: argparse.Namespace) -> int:
     except GradingEnvironmentBroken as err:
         print(f"✗ grading stopped: {err}")
         return 1
-    problems = mismatches({(r.student, r.assignment): (r.scores, "; ".join(r.status) or "ok", r.messages, r.mistakes)
+    problems = mismatches({(r.student, r.assignment): (r.scores, status_text(r.status), r.messages, r.mistakes)
                            for r in results}, expected)
     for problem in problems:
         print(f"✗ {problem}")

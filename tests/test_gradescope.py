@@ -172,8 +172,10 @@ def test_run_autograder_grades_a_copy_of_the_notebook_per_exercise_and_refuses_w
     assert f"This looks like a known mistake: {FACTOR2.why}." in mse["output"] and mse["visibility"] == "after_due_date"
     assert f"renamed: graded {COPY_OF} as {ONE}.ipynb" in results["output"]
     (artifacts("gradescope") / "per-submission.json").write_text(json.dumps(
-        {"seconds": round(seconds, 1), "execution_time": results["execution_time"], "cpus": os.cpu_count()}, indent=1))
-    print(f"one Gradescope submission: {seconds:.1f} s wall, run_autograder included ({os.cpu_count()} cores)")
+        {"seconds": round(seconds, 1), "execution_time": results["execution_time"], "cpus": os.cpu_count(),
+         "load_average": os.getloadavg(), "stdout": done.stdout}, indent=1))
+    print(f"one Gradescope submission: {seconds:.1f} s wall, run_autograder included ({os.cpu_count()} cores, "
+          f"load average {os.getloadavg()[0]:.1f}); {done.stdout.strip()}")
     for case in ("two notebooks", "foreign"):
         files, says = REFUSALS[case]
         refused, done, _ = run_autograder(gradescope_root, files)
@@ -181,13 +183,73 @@ def test_run_autograder_grades_a_copy_of_the_notebook_per_exercise_and_refuses_w
         assert refused["score"] == 0 and says in refused["output"] and refused["visibility"] == "visible"
 
 
-@pytest.mark.slow
-def test_without_the_sandbox_student_code_runs_as_an_unprivileged_user_who_cannot_reach_the_grader(gradescope_root, tmp_path):
+def unused_uid() -> int:
+    """A uid no process on this machine runs as (the launcher stops every process of its user)."""
     if os.geteuid() != 0:
         pytest.skip("only root can run kernels as another user (Gradescope's run_autograder runs as root)")
     uid = 64000 + os.getpid() % 1000
     if any(Path(f"/proc/{p}").stat().st_uid == uid for p in os.listdir("/proc") if p.isdigit()):
         pytest.skip(f"uid {uid} is in use on this machine")
+    return uid
+
+
+def test_the_student_kernel_launcher_drops_to_the_user_before_anything_runs(tmp_path):
+    import tempfile
+
+    from grader.platforms.student_kernel import become_student
+
+    uid = unused_uid()
+    secret = tmp_path / "secret"  # under pytest's folder for root: the user cannot even get there
+    secret.mkdir(mode=0o700)
+    kernel = Path(tempfile.mkdtemp(prefix="kernel-"))  # where plain_kernel_factory puts a kernel's files
+    connection = kernel / "connection.json"
+    connection.write_text("{}")
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the launcher's steps, then what the kernel would find
+        try:
+            os.environ["TML_STUDENT_UID"] = str(uid)
+            become_student(str(connection))
+            status = Path("/proc/self/status").read_text()
+            try:
+                os.listdir(secret)
+                reached = "reached"
+            except PermissionError:
+                reached = "refused"
+            found = {"uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(), "cwd": os.getcwd(),
+                     "secret": reached, "no_new_privs": "NoNewPrivs:\t1" in status, "home": os.environ["HOME"]}
+        except BaseException as exc:
+            found = {"error": repr(exc)}
+        finally:
+            os.write(write, json.dumps(found).encode())
+            os._exit(0)
+    os.close(write)
+    os.waitpid(child, 0)
+    found = json.loads(os.read(read, 4096))
+    try:
+        assert found == {"uid": uid, "gid": uid, "groups": [], "cwd": str(kernel), "secret": "refused",
+                         "no_new_privs": True, "home": str(kernel)}
+        assert connection.stat().st_uid == kernel.stat().st_uid == uid
+    finally:
+        shutil.rmtree(kernel)
+
+
+def runnable_by_others(path: Path) -> str:
+    """'' when another user can run the interpreter at `path`, else the folder or file that stops them."""
+    real = Path(os.path.realpath(path))
+    for folder in reversed(real.parents):
+        if not folder.stat().st_mode & 0o001:
+            return str(folder)
+    return "" if real.stat().st_mode & 0o005 == 0o005 else str(real)
+
+
+@pytest.mark.slow
+def test_without_the_sandbox_student_code_runs_as_an_unprivileged_user_who_cannot_reach_the_grader(gradescope_root, tmp_path):
+    uid = unused_uid()
+    if blocked := runnable_by_others(Path(PYTHON)):
+        message = (f"this interpreter ({os.path.realpath(PYTHON)}) is behind {blocked}, which other users cannot enter: "
+                   "a kernel run as another user cannot start (setup.sh installs Gradescope's Python in /opt)")
+        pytest.skip(message)
     leak = Path(f"/tmp/tml-leak-{os.getpid()}")
     leak.mkdir(mode=0o777)
     leak.chmod(0o777)

@@ -327,6 +327,24 @@ def _column_for(roster: Roster, assignment: str) -> str:
     return next((h for h in roster.header if pattern.fullmatch(h)), assignment)
 
 
+def _worksheet(roster: Roster, matches: list[Match], grades: dict[str, Grade | None], maximum: str,
+               notes: list[str]) -> list[list[str]]:
+    """The Moodle worksheet as it came (its own header), with Grade filled for every matched student."""
+    grade_at = roster.header.index("Grade")
+    tops = {roster.cell(r, "Maximum Grade") for r in roster.rows} - {""}
+    if tops and any(_number(t) != _number(maximum) for t in tops):
+        notes.append(f"the worksheet's {roster.own('Maximum Grade')} is {', '.join(sorted(tops))}, grades.csv's max_total "
+                     f"{maximum}: the totals are exported as they are")
+    comma = any("," in t for t in tops)  # grades written as the worksheet writes its numbers
+    rows = [list(roster.shown)]
+    for m in sorted(matches, key=lambda m: m.row):
+        row = list(roster.rows[m.row])
+        if (grade := grades[m.student]) is not None:
+            row[grade_at] = grade.total.replace(".", ",") if comma else grade.total
+        rows.append(row)
+    return rows
+
+
 def export(graded: Path, roster: Roster, out: Path, assignments: list[str] | None = None) -> dict:
     """Write OUT.csv for `roster`'s LMS and OUT.matching.csv; returns what was matched and what was not."""
     grades = read_grades(graded)
@@ -371,20 +389,9 @@ def export(graded: Path, roster: Roster, out: Path, assignments: list[str] | Non
                         [grades[m.student][a].total if a in grades[m.student] else "" for a in chosen])
     elif roster.kind == "moodle-worksheet":
         (assignment,) = chosen
-        rows.append(list(roster.shown))
+        rows += _worksheet(roster, matches, {m.student: grades[m.student].get(assignment) for m in matches},
+                           maxima[assignment], notes)
         notes += [stale] if (stale := moodle.stale_worksheet(roster.path, graded / "grades.csv")) else []
-        grade_at = roster.header.index("Grade")
-        tops = {roster.cell(r, "Maximum Grade") for r in roster.rows} - {""}
-        if tops and any(_number(t) != _number(maxima[assignment]) for t in tops):
-            notes.append(f"the worksheet's {roster.own('Maximum Grade')} is {', '.join(sorted(tops))}, grades.csv's max_total "
-                         f"{maxima[assignment]}: the totals are exported as they are")
-        comma = any("," in t for t in tops)  # grades written as the worksheet writes its numbers
-        for m in sorted(matches, key=lambda m: m.row):
-            row = list(roster.rows[m.row])
-            if assignment in grades[m.student]:
-                total = grades[m.student][assignment].total
-                row[grade_at] = total.replace(".", ",") if comma else total
-            rows.append(row)
     else:  # gradescope
         identity = [c for c in roster.header if c in GRADESCOPE_IDENTITY]
         header = list(identity)

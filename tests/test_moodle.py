@@ -83,3 +83,24 @@ def test_a_roster_that_matches_nobody_is_refused(graded, tmp_path):  # noqa: F81
     sheet = worksheet(tmp_path / "other-class.csv", people=(("555", "Ann Other", "ann@else.example"),))
     with pytest.raises(ExportError, match="matches a row of .*other-class.csv .*is it this class's roster"):
         export(graded, read_roster(sheet, "moodle"), tmp_path / "out.csv")
+
+
+def test_a_class_collected_from_a_moodle_zip_matches_both_routes(tmp_path):
+    import zipfile
+
+    from grader.collect.submissions import unpack_zip
+    from grader.course import assignments
+    from grader.report.lms import match_students
+
+    archive = tmp_path / "submissions.zip"
+    with zipfile.ZipFile(archive, "w") as zf:  # Moodle's "download as folders": <Full Name>_<id>_assignsubmission_file_/
+        for name, number in (("Ada Lovelace", 101), ("Bo Chen", 102)):
+            zf.writestr(f"{name}_{number}_assignsubmission_file_/01_gradient_descent.ipynb", "{}")
+    students = sorted(p.name for p in unpack_zip(archive, tmp_path / "class", assignments()).iterdir())
+    assert students == ["Ada-Lovelace_101", "Bo-Chen_102"]
+    book = write(tmp_path / "book.csv", [
+        ["Nombre", "Apellido(s)", "Número de ID", "Institución", "Departamento", "Dirección de correo"],
+        ["Bo", "Chen", "", "", "", "bo@uni.example"], ["Ada", "Lovelace", "", "", "", "ada@uni.example"]])
+    for roster in (read_roster(worksheet(tmp_path / "sheet.csv"), "moodle"), read_roster(book, "moodle")):
+        matches, unmatched, without = match_students(roster, students)
+        assert len(matches) == 2 and unmatched == [] and without == [], roster.kind

@@ -8,6 +8,7 @@ writing a feedback page that shows nothing hidden and runs nothing.
 import base64
 import copy
 import json
+import os
 import subprocess
 import sys
 
@@ -29,6 +30,7 @@ from grader.judge.judge import (
     decode_messages,
     decode_value,
     judge,
+    overobserved,
     shown_error,
 )
 from grader.judge.rebuild import ADDED, rebuild
@@ -344,11 +346,24 @@ def test_a_value_is_sent_as_it_was_when_observed(monkeypatch):
     monkeypatch.setattr(probe, "publish", lambda message: published.append(json.dumps(message)))
     recorder = probe.Recorder("f")
     w0 = torch.zeros(2)
-    recorder.observe("w0 after the call", w0)
+    exec(compile("observe('w0 after the call', w0)", recorder.source, "exec"), {"observe": recorder.observe, "w0": w0})
     w0 += 1  # what a later call of the student's function might do, or rewrite through frames
     recorder.end(None)
     first = decode_messages([json.loads(m) for m in published], "f").observed[0]
     assert torch.equal(first.value, torch.zeros(2))
+
+
+def test_only_the_scenarios_own_code_may_observe_and_nothing_may_observe_twice(monkeypatch):
+    published = []
+    monkeypatch.setattr(probe, "publish", lambda message: published.append(json.loads(json.dumps(message))))
+    recorder = probe.Recorder("f")
+    recorder.observe("f keeps x", True)  # the student's code, having found `observe` through frames
+    recorder.end(None)
+    record = decode_messages(published, "f")
+    assert record.observed == () and record.meddled
+    twice = decode_messages(sent("f", ("f keeps x", True), ("f keeps x", False)), "f")
+    assert overobserved(twice, REFERENCE) and not overobserved(decode_messages(sent("f", ("f keeps x", True)), "f"),
+                                                               REFERENCE)
 
 
 def test_no_cell_runs_after_the_first_scenario_and_each_scenario_sees_its_place():
@@ -521,3 +536,17 @@ def test_a_test_given_another_exercises_reference_runs_after_that_exercises_own_
     assert [s.test for s in _dependencies_first(found, after)] == ["f", "g", "uses_g", "uses_f_and_uses_g"]
     with pytest.raises(ValueError, match="circle"):
         _dependencies_first([scenario("a"), scenario("b")], {"a": {"b"}, "b": {"a"}})
+
+
+def test_a_scenario_sees_the_names_folder_and_environment_of_its_place(tmp_path, monkeypatch):
+    monkeypatch.setenv("TML_PLACE", "at the test")
+    namespace = {"helper": "at the test"}
+    place = (dict(namespace), str(tmp_path), dict(os.environ))
+    namespace["helper"] = "redefined below"
+    monkeypatch.setenv("TML_PLACE", "changed below")
+    here = os.getcwd()
+    with probe._place(namespace, place):
+        assert namespace["helper"] == "at the test" and os.environ["TML_PLACE"] == "at the test"
+        assert os.getcwd() == str(tmp_path)
+    assert namespace["helper"] == "redefined below" and os.environ["TML_PLACE"] == "changed below"
+    assert os.getcwd() == here

@@ -96,6 +96,28 @@ REWRITES_RECORD = (
     "        w -= lr * mse_grad(w, X, y)  # in place: w0 changes\n"
     "    _rewrite()\n"
     "    return w.clone(), losses\n")
+# The same, going forward: call the scenario's `observe` found through frames, or wrap it to say "unchanged".
+OBSERVES_ITSELF = (
+    "def _scenario_globals():\n"
+    "    frame = sys._getframe()\n"
+    "    while frame is not None and 'observe' not in frame.f_globals:\n"
+    "        frame = frame.f_back\n"
+    "    return frame.f_globals\n"
+    "def gradient_descent(w0, X, y, lr, steps):\n"
+    "    scope = _scenario_globals()\n"
+    "    real = scope['observe']\n"
+    "    if not getattr(real, 'wrapped', False):\n"
+    "        def observe(name, value, **spec):\n"
+    "            return real(name, True if 'unchanged' in name else value, **spec)\n"
+    "        observe.wrapped = True\n"
+    "        scope['observe'] = observe\n"
+    "    label = f'n={X.shape[0]}, d={X.shape[1]}, lr={lr}, steps={steps}'\n"
+    "    real(f'gradient_descent leaves w0 unchanged ({label})', True)\n"
+    "    w, losses = w0, []\n"
+    "    for _ in range(steps):\n"
+    "        losses.append(float(((X @ w - y) ** 2).mean()))\n"
+    "        w -= lr * mse_grad(w, X, y)\n"
+    "    return w.clone(), losses\n")
 FORGES = ("from IPython.display import display\n"
           "def critical_lr(X):\n"
           "    for seq in range(40):\n"
@@ -134,6 +156,8 @@ def outflow_class(tmp_path_factory):
         "rewrites-an-earlier-record": (hand_in(helper, "", {"gradient_descent_answer": REWRITES_RECORD}),
                                        lose("gradient_descent")),
         "forges-observations": (hand_in(helper, "", {"critical_lr_answer": FORGES}), lose("critical_lr")),
+        "observes-through-frames": (hand_in(helper, "", {"gradient_descent_answer": OBSERVES_ITSELF}),
+                                    lose("gradient_descent")),
     }
     expected = {}
     for student, (nb, scores) in hand_ins.items():
@@ -148,6 +172,7 @@ def test_hostile_answers_earn_only_what_they_are_worth(outflow_class):
     assert mismatches(read_rows(out), expected) == []
     rows = read_rows(out)
     assert "interference in test critical_lr" in rows["forges-observations", ONE][1]
+    assert "interference in test gradient_descent" in rows["observes-through-frames", ONE][1]
 
 
 def test_nothing_captured_during_the_tests_reaches_a_page_a_file_or_a_column(outflow_class):

@@ -26,7 +26,16 @@ from jupyter_client import KernelManager
 
 from grader.author.mutants import Mutant, load_mutants, mutant_submission, pack_mutants
 from grader.course import Assignment
-from grader.judge.judge import BadPayload, ScenarioRecord, Verdict, behaves_like, decode_messages, judge, vocabulary
+from grader.judge.judge import (
+    BadPayload,
+    ScenarioRecord,
+    Verdict,
+    behaves_like,
+    decode_messages,
+    judge,
+    overobserved,
+    vocabulary,
+)
 from grader.judge.reference import reference_submission, released_notebook
 from grader.judge.scenarios import scenarios
 from grader.kernel import harness
@@ -121,6 +130,9 @@ FAILURE_WORDS = {
 }
 
 
+FORGED = "a result did not come from the test (something in the notebook interferes with the tests)"
+
+
 def received(test: str, run: StepRun, timeout: float) -> tuple[ScenarioRecord | None, str]:
     """What one scenario step sent back, decoded, and what stopped it ('' when nothing did)."""
     failure = FAILURE_WORDS[run.failure].format(timeout=timeout)
@@ -154,9 +166,11 @@ def grade_notebook(nb: nbformat.NotebookNode, assignment: Assignment, new_kernel
         mistakes = (known_mistakes or {}).get(step.test, {})
         try:
             student, failure = received(step.test, run, timeout)
+            reference = records[step.test]
+            if student is not None and (student.meddled or overobserved(student, reference)):
+                student, failure = None, failure or FORGED
             if student is None:
                 graded.unreadable[step.test] = failure
-            reference = records[step.test]
             graded.verdicts[step.test] = judge(step.test, points[step.test], reference, student, failure,
                                                vocabulary(reference, mistakes.values()))
             if student is not None and not graded.verdicts[step.test].passed:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -54,6 +55,7 @@ class ScenarioRecord:
     observed: tuple[Observation, ...]
     expected: dict[str, object]
     error: str | None
+    meddled: bool = False  # something besides the scenario's code called observe (grader/kernel/probe.py)
 
 
 @dataclass(frozen=True)
@@ -187,9 +189,9 @@ def decode_messages(messages: object, test: str) -> ScenarioRecord:
         kind = message.get("kind")
         if kind == "end":
             _expect(seq == len(messages) - 1, "messages after the end")
-            error = message.get("error")
-            _expect(error is None or isinstance(error, str), "malformed error")
-            return ScenarioRecord(test, tuple(items), oracle, error)
+            error, meddled = message.get("error"), message.get("meddled", False)
+            _expect((error is None or isinstance(error, str)) and isinstance(meddled, bool), "malformed end message")
+            return ScenarioRecord(test, tuple(items), oracle, error, meddled)
         item = message.get("item")
         _expect(kind in ("observed", "expected") and isinstance(item, dict) and isinstance(item.get("name"), str),
                 "malformed observation")
@@ -316,6 +318,14 @@ def vocabulary(reference: ScenarioRecord, mistakes: Iterable[ScenarioRecord] = (
     records = [reference, *mistakes]
     found = set().union(*(outflow.strings(item.value) for record in records for item in record.observed))
     return frozenset(found.union(*(outflow.strings(value) for value in reference.expected.values())))
+
+
+def overobserved(student: ScenarioRecord, reference: ScenarioRecord) -> bool:
+    """True when the student's run sent some observation more often than the reference run did: a value observed
+    twice was forged (by the student's code calling `observe` itself), and must not stand in for the real one."""
+    sent = Counter(item.name for item in student.observed)
+    allowed = Counter(item.name for item in reference.observed)
+    return any(count > allowed[name] for name, count in sent.items() if name in allowed)
 
 
 def judge(test: str, max_points: float, reference: ScenarioRecord, student: ScenarioRecord | None,

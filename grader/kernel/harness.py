@@ -204,8 +204,11 @@ def snapshot_code() -> str:
 
 
 def position_code(test: str) -> str:
-    """The step at a test cell's place: remember the notebook's names there (its scenario runs later, with them)."""
-    return f"__import__('builtins').globals().setdefault({probe.POSITIONS!r}, {{}})[{test!r}] = {_COPY_NAMES}\n"
+    """The step at a test cell's place: remember the notebook's names, working folder and environment variables
+    there (its scenario runs later, with them: probe.Place)."""
+    os_ = "__import__('os')"
+    return (f"__import__('builtins').globals().setdefault({probe.POSITIONS!r}, {{}})[{test!r}] = "
+            f"({_COPY_NAMES}, {os_}.getcwd(), __import__('builtins').dict({os_}.environ))\n")
 
 
 def scenario_code(test: str, code: str, answers: tuple[str, ...], inject: str = "", inject_names: tuple[str, ...] = (),

@@ -26,6 +26,7 @@ import base64
 import contextlib
 import json
 import os
+import sys
 from typing import Literal, TypedDict
 
 MIME = "application/vnd.tml.observations+json"
@@ -55,6 +56,7 @@ class Message(TypedDict, total=False):
     kind: Literal["observed", "expected", "end"]
     item: Observed  # observed and expected messages
     error: str | None  # end message: the class name of the exception that ended the scenario
+    meddled: bool  # end message: something other than the scenario's code called observe or expect
 
 
 def encode(value, depth: int = 0) -> dict:
@@ -134,13 +136,21 @@ def _never_drop(shell) -> None:
 
 
 class Recorder:
-    """Sends what one scenario observes, in order, each value as it is at the moment it is observed."""
+    """Sends what one scenario observes, in order, each value as it is at the moment it is observed.
+
+    Only the scenario's own code may observe: a call from anywhere else (the student's code, having found
+    `observe` through frames) is not sent, and the end message says the run was meddled with."""
 
     def __init__(self, test: str) -> None:
         self.test = test
+        self.source = f"<hidden test {test}>"  # the file name the scenario's code is compiled under
         self.sent = 0
+        self.meddled = False
 
     def _send(self, kind: Literal["observed", "expected"], name, value, spec: dict) -> None:
+        if sys._getframe(2).f_code.co_filename != self.source:
+            self.meddled = True
+            return
         # Encoded to text now: a later change to the value (or to this recorder) cannot reach what was sent.
         item = Observed(name=str(name), value=encode(value), spec=_spec(spec))
         publish(Message(test=self.test, seq=self.sent, kind=kind, item=json.loads(json.dumps(item))))
@@ -155,7 +165,7 @@ class Recorder:
         self._send("expected", name, value, {})
 
     def end(self, error: str | None) -> None:
-        publish(Message(test=self.test, seq=self.sent, kind="end", error=error))
+        publish(Message(test=self.test, seq=self.sent, kind="end", error=error, meddled=self.meddled))
 
 
 # torch's global switches that change what a computation returns, as a fresh kernel has them:
@@ -243,40 +253,65 @@ def run(test_id: str, code: str, answers: tuple[str, ...], inject: str = "", inj
 
     The scenario sees the exercises' answers (`answers`: the names the answer cells define) and nothing
     else of the notebook, so a scratch cell that rebinds `X` or `model` cannot change the test's inputs.
-    While it runs, the notebook's names are what they were at the test cell's place (`position`: the key
-    of that copy in POSITIONS), so a cell below the test that redefines a helper changes nothing; they are
-    put back afterwards. `inject` is the reference definition of functions another exercise provides (one
-    mistake, one penalty): it replaces the student's names while the scenario runs. It is defined among the
-    names the set-up cells made (SETUP_NAMES), so a student's `dist = 3` cannot break it.
+    While it runs, the notebook's names, working folder and environment variables are what they were at the
+    test cell's place (`position`: the key of that copy in POSITIONS), so a cell below the test that redefines
+    a helper or changes folder changes nothing; they are put back afterwards. `inject` is the reference
+    definition of functions another exercise provides (one mistake, one penalty): it replaces the student's
+    names while the scenario runs. It is defined among the names the set-up cells made (SETUP_NAMES), so a
+    student's `dist = 3` cannot break it.
     """
     from IPython import get_ipython
-
-    import labkit.scenario as guards
 
     shell = get_ipython()
     _never_drop(shell)
     user_ns = shell.user_ns
-    now = dict(user_ns)
-    there = user_ns.get(POSITIONS, {}).get(position) if position and isinstance(user_ns.get(POSITIONS), dict) else None
+    positions = user_ns.get(POSITIONS)
     recorder = Recorder(test_id)
     error = None
     try:
-        if isinstance(there, dict):
-            user_ns.clear()
-            user_ns.update(there)
-        if inject:
-            setup = user_ns.get(SETUP_NAMES)
-            namespace = dict(setup if isinstance(setup, dict) else user_ns)
-            exec(compile(inject, f"<reference for {test_id}>", "exec"), namespace)
-            user_ns.update({name: namespace[name] for name in inject_names})
-        scope = {name: user_ns[name] for name in answers if name in user_ns}
-        scope.update({name: getattr(guards, name) for name in guards.GUARDS})
-        scope.update(observe=recorder.observe, expect=recorder.expect, oracle=contextlib.nullcontext)
-        with course_defaults():
-            exec(compile(code, f"<hidden test {test_id}>", "exec"), scope)
+        with _place(user_ns, positions.get(position) if position and isinstance(positions, dict) else None), \
+                course_defaults():
+            _scenario(user_ns, test_id, code, answers, inject, inject_names, recorder)
     except BaseException as exc:
         error = type(exc).__name__
+    recorder.end(error)
+
+
+@contextlib.contextmanager
+def _place(user_ns: dict, there: object):
+    """The notebook's names, working folder and environment variables as they were at the test cell's place
+    (harness.position_code's triple), for the scenario's duration; what they are now afterwards."""
+    names, cwd, environ = dict(user_ns), os.getcwd(), dict(os.environ)
+    try:
+        if isinstance(there, tuple) and len(there) == 3 and isinstance(there[0], dict):
+            user_ns.clear()
+            user_ns.update(there[0])
+            with contextlib.suppress(Exception):
+                os.chdir(there[1])
+            with contextlib.suppress(Exception):
+                os.environ.clear()
+                os.environ.update(there[2])
+        yield
     finally:
         user_ns.clear()
-        user_ns.update(now)
-    recorder.end(error)
+        user_ns.update(names)
+        with contextlib.suppress(Exception):
+            os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(environ)
+
+
+def _scenario(user_ns: dict, test_id: str, code: str, answers: tuple[str, ...], inject: str,
+              inject_names: tuple[str, ...], recorder: Recorder) -> None:
+    """Execute the scenario's code with the answers, the injected reference functions and the recorder."""
+    import labkit.scenario as guards
+
+    if inject:
+        setup = user_ns.get(SETUP_NAMES)
+        namespace = dict(setup if isinstance(setup, dict) else user_ns)
+        exec(compile(inject, f"<reference for {test_id}>", "exec"), namespace)
+        user_ns.update({name: namespace[name] for name in inject_names})
+    scope = {name: user_ns[name] for name in answers if name in user_ns}
+    scope.update({name: getattr(guards, name) for name in guards.GUARDS})
+    scope.update(observe=recorder.observe, expect=recorder.expect, oracle=contextlib.nullcontext)
+    exec(compile(code, recorder.source, "exec"), scope)

@@ -27,10 +27,8 @@ from grader.judge.judge import (
     ScenarioRecord,
     behaves_like,
     compare,
-    decode_messages,
     decode_value,
     judge,
-    overobserved,
     shown_error,
 )
 from grader.judge.rebuild import ADDED, rebuild
@@ -320,132 +318,7 @@ def test_a_scenario_leaves_torch_settings_as_it_found_them():
         torch.set_default_dtype(torch.float32)
 
 
-# --- what leaves the kernel (the outflow rule) ----------------------------------------------------------------
-
-def sent(test, *observed, error=None, expected=()):
-    """The messages a scenario of `test` sends (grader/kernel/probe.py), as the kernel client parses them."""
-    items = [("observed", n, v) for n, v in observed] + [("expected", n, v) for n, v in expected]
-    messages = [{"test": test, "seq": i, "kind": kind, "item": {"name": n, "value": probe.encode(v), "spec": {}}}
-                for i, (kind, n, v) in enumerate(items)]
-    return json.loads(json.dumps([*messages, {"test": test, "seq": len(items), "kind": "end", "error": error}]))
-
-
-def test_a_scenarios_messages_decode_only_as_one_unbroken_run():
-    good = sent("f", ("f on 1", 2.0), ("f keeps x", True), expected=[("f on 1", 2.0)])
-    decoded = decode_messages(good, "f")
-    assert [o.name for o in decoded.observed] == ["f on 1", "f keeps x"] and decoded.expected == {"f on 1": 2.0}
-    forged = copy.deepcopy(good)
-    forged.insert(1, {**copy.deepcopy(good[1]), "item": {"name": "f keeps x", "value": probe.encode(True), "spec": {}}})
-    for broken in (forged, good[:-1], good[1:], [*good, good[-1]], sent("g", ("f on 1", 2.0)), [], ["x"]):
-        with pytest.raises(BadPayload):
-            decode_messages(broken, "f")
-
-
-def test_a_value_is_sent_as_it_was_when_observed(monkeypatch):
-    published = []
-    monkeypatch.setattr(probe, "publish", lambda message: published.append(json.dumps(message)))
-    recorder = probe.Recorder("f")
-    w0 = torch.zeros(2)
-    exec(compile("observe('w0 after the call', w0)", recorder.source, "exec"), {"observe": recorder.observe, "w0": w0})
-    w0 += 1  # what a later call of the student's function might do, or rewrite through frames
-    recorder.end(None)
-    first = decode_messages([json.loads(m) for m in published], "f").observed[0]
-    assert torch.equal(first.value, torch.zeros(2))
-
-
-def test_only_the_scenarios_own_code_may_observe_and_nothing_may_observe_twice(monkeypatch):
-    published = []
-    monkeypatch.setattr(probe, "publish", lambda message: published.append(json.loads(json.dumps(message))))
-    recorder = probe.Recorder("f")
-    recorder.observe("f keeps x", True)  # the student's code, having found `observe` through frames
-    recorder.end(None)
-    record = decode_messages(published, "f")
-    assert record.observed == () and record.meddled
-    twice = decode_messages(sent("f", ("f keeps x", True), ("f keeps x", False)), "f")
-    assert overobserved(twice, REFERENCE) and not overobserved(decode_messages(sent("f", ("f keeps x", True)), "f"),
-                                                               REFERENCE)
-
-
-def test_no_cell_runs_after_the_first_scenario_and_each_scenario_sees_its_place():
-    from grader.course import assignment_named
-    from grader.judge.grading import plan
-    from grader.judge.reference import reference_submission
-
-    a = assignment_named("01")
-    nb = reference_submission(a)
-    nb.cells.append(nbformat.v4.new_code_cell("print('after every test')"))
-    steps = plan(nb, a)
-    first = next(i for i, s in enumerate(steps) if s.test)
-    assert all(s.test for s in steps[first:]) and any(s.code == "print('after every test')" for s in steps[:first])
-    for step in steps[first:]:
-        assert f"{step.test!r})" in step.code  # run with the names remembered at its test cell's place
-        assert any(s.label == f"{step.test} (place)" for s in steps[:first])
-
-
-VOCABULARY = frozenset({"cpu", "relu"})
-
-
-@pytest.mark.parametrize("got, expected, shown", [
-    ("the hidden input was 4.2", "cpu", "a different string"),
-    ("relu", "cpu", "'relu'"),
-    (["a", "b"], "cpu", "a list of 2 items"),
-    (Opaque("an object of another type"), "cpu", "an object of another type"),
-    (torch.zeros(0, 70000, 3, 3, 3), "cpu", "a tensor of shape a shape with 5 dimensions"),
-    (10**350 + 12345, "cpu", "1e+350"),
-    (-123456789, "cpu", "-1.23456e+8"),
-])
-def test_a_message_repeats_only_what_the_outflow_rule_allows(got, expected, shown):
-    assert compare(got, expected, "device", {"message": "got {got}, expected {expected}"}, VOCABULARY) == \
-        f"got {shown}, expected {expected!r}"
-
-
-def test_keys_and_shapes_the_student_chose_are_not_repeated():
-    message = compare({"secret key 1": 1.0, "secret key 2": 2.0, "relu": 3.0}, {"layer.weight": 1.0}, "norms", {},
-                      VOCABULARY)
-    assert "secret" not in message and "3 unexpected" in message and "'relu'" in message
-    message = compare(torch.zeros(1, 12345), torch.zeros(3), "f", {}, VOCABULARY)
-    assert "12345" not in message and "a shape with 2 dimensions" in message
-
-
-class ScriptedKernel:
-    """A kernel whose scenarios send scripted messages (test → messages); every other step just runs."""
-
-    def __init__(self, script):
-        self.script = script
-
-    def run(self, code, timeout, store_history=True):
-        test = next((t for t in self.script if f"module.run({t!r}," in code), None)
-        return StepRun(payloads=self.script[test]) if test else StepRun()
-
-    def stop(self):
-        pass
-
-
-def test_judging_never_takes_the_notebook_down(monkeypatch):
-    from grader.course import assignment_named
-    from grader.judge import grading
-    from grader.judge.reference import reference_submission
-
-    a = assignment_named("01")
-    tests = list(a.grade_cells())
-    records = {t: decode_messages(sent(t, (f"{t} value", 2.0)), t) for t in tests}
-    script = {t: sent(t, (f"{t} value", 2.0)) for t in tests}
-    script["critical_lr"] = sent("critical_lr", ("critical_lr value", 10**350))
-    graded = grading.grade_notebook(reference_submission(a), a, lambda: ScriptedKernel(script), 5, records)
-    assert not graded.verdicts["critical_lr"].passed and "1e+350" in graded.verdicts["critical_lr"].message
-    assert all(graded.verdicts[t].passed for t in tests if t != "critical_lr") and not graded.notes
-
-    def crash(*args):
-        raise OverflowError("the matcher met a value it cannot take")
-
-    monkeypatch.setattr(grading, "behaves_like", crash)
-    mistakes = {"critical_lr": {"some_mistake": records["critical_lr"]}}
-    graded = grading.grade_notebook(reference_submission(a), a, lambda: ScriptedKernel(script), 5, records, mistakes)
-    assert graded.verdicts["critical_lr"].points == 0 and "could not judge" in graded.verdicts["critical_lr"].message
-    assert all(graded.verdicts[t].passed for t in tests if t != "critical_lr")
-    assert [(n.kind, n.text) for n in grading.run_notes(graded)] == [
-        (NoteKind.NOT_JUDGED, "not judged: test critical_lr (OverflowError)")]
-
+# --- editors, switches, places ------------------------------------------------------------------------------
 
 def test_locked_cells_saved_by_other_editors_are_not_tampering():
     for edit in (lambda s: s.replace("\n", "\r\n"), lambda s: s + "\n", lambda s: s.replace("\n", "\r"),

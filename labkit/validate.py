@@ -118,10 +118,10 @@ def _from_json(raw: dict) -> nbformat.NotebookNode:
 def _colab_notebook(timeout: int = 60) -> nbformat.NotebookNode | None:
     """The notebook as Colab's front end holds it now (unsaved edits included), or None when it does not answer."""
     try:
-        from google.colab import _message  # type: ignore[import-not-found]
+        from google.colab import _message
 
         reply = _message.blocking_request("get_ipynb", timeout_sec=timeout)  # None on timeout
-    except Exception:  # noqa: BLE001 — any failure of the front end means "not available here"
+    except Exception:  # any failure of the front end means "not available here"
         return None
     return _from_json(reply["ipynb"]) if isinstance(reply, dict) and isinstance(reply.get("ipynb"), dict) else None
 

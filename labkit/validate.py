@@ -9,7 +9,8 @@ notebook that is open, wherever it runs:
   ("get_ipynb")`, unsaved edits included);
 - on Kaggle, the copy Kaggle keeps beside the kernel (`/kaggle/working/…__notebook_source__.ipynb`);
 - elsewhere the file on disk: the notebook Jupyter started this kernel for (`JPY_SESSION_NAME`), VS Code's
-  (`__vsc_ipynb_file__`), or `ASSIGNMENT.ipynb` in the working folder.
+  (`__vsc_ipynb_file__`), `ASSIGNMENT.ipynb` in the working folder, or a notebook there whose metadata names
+  ASSIGNMENT (a renamed copy).
 A notebook whose metadata names another assignment is never taken for this one. It then says how to
 download the notebook for hand-in on that platform.
 """
@@ -126,11 +127,13 @@ def _colab_notebook(timeout: int = 60) -> nbformat.NotebookNode | None:
     return _from_json(reply["ipynb"]) if isinstance(reply, dict) and isinstance(reply.get("ipynb"), dict) else None
 
 
-def _candidate_files(assignment: str) -> list[Path]:
-    """Files that may hold the open notebook, most specific first."""
-    found = [Path(p) for p in (os.environ.get("JPY_SESSION_NAME"), _user_variable("__vsc_ipynb_file__")) if p]
-    found.append(Path.cwd() / f"{assignment}.ipynb")
-    return found + sorted((p for p in KAGGLE_COPIES if p.is_file()), key=lambda p: -p.stat().st_mtime)
+def _candidate_files(assignment: str) -> list[tuple[Path, bool]]:
+    """Files that may hold the open notebook, most likely first, each with whether its metadata must name
+    `assignment` (any notebook in the working folder, renamed or not, may be the one)."""
+    named = [Path(p) for p in (os.environ.get("JPY_SESSION_NAME"), _user_variable("__vsc_ipynb_file__")) if p]
+    named += [Path.cwd() / f"{assignment}.ipynb"] + [p for p in KAGGLE_COPIES if p.is_file()]
+    others = sorted(Path.cwd().glob("*.ipynb"), key=lambda p: -p.stat().st_mtime)[:20]
+    return [(p, False) for p in named] + [(p, True) for p in others if p not in named]
 
 
 def _user_variable(name: str) -> str | None:
@@ -158,12 +161,12 @@ def open_notebook(assignment: str, colab: Callable[[], nbformat.NotebookNode | N
         nb = colab()
         if nb is not None and assignment_of(nb) in (assignment, None):
             return nb, "the notebook as Colab's editor holds it now"
-    for path in _candidate_files(assignment):
+    for path, strict in _candidate_files(assignment):
         try:
             nb = nbformat.read(path, as_version=4)
         except (OSError, ValueError):  # not there, not JSON, not a notebook
             continue
-        if assignment_of(nb) in (assignment, None) and path.suffix == ".ipynb":
+        if assignment_of(nb) == assignment or (assignment_of(nb) is None and not strict):
             return nb, f"{path}, as last saved"
     return None, (f"found no copy of {assignment} to check: save it, download it and run "
                   f"`python -m labkit.validate {assignment}.ipynb` where the course is installed")

@@ -20,6 +20,7 @@ Timings go to test-artifacts/colab-like/timings.json.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -56,9 +57,9 @@ def blocking_request(request_type, request="", timeout_sec=5, parent=None):
         return None
     with open(os.environ["FAKE_COLAB_NOTEBOOK"]) as f:
         nb = json.load(f)
-    for cell in nb["cells"]:  # Colab keeps its own cell ids in metadata and sends sources as lists of lines
-        cell["metadata"]["id"] = cell.pop("id", "")
-        cell["source"] = cell["source"].splitlines(keepends=True)
+    for cell in nb["cells"]:  # Colab keeps its own cell ids in metadata; sources are lists of lines, as on disk
+        cell["metadata"]["id"] = cell.pop("id")
+        assert isinstance(cell["source"], list)
     return {"ipynb": nb}
 '''
 
@@ -76,7 +77,8 @@ class ColabLike:
     timings: dict = field(default_factory=dict)
 
     def run(self, nb: nbformat.NotebookNode, name: str, file_name: str, **env: str) -> nbformat.NotebookNode:
-        """Run `nb` top to bottom in a fresh kernel, alone in an empty folder as `file_name` (unless that is '')."""
+        """Run a copy of `nb` top to bottom in a fresh kernel, alone in an empty folder as `file_name` (unless '')."""
+        nb = copy.deepcopy(nb)
         folder = self.work / name
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
@@ -192,6 +194,7 @@ def test_every_notebook_alone_with_reference_answers(colab, assignment):
     outputs = "".join(_text(c) for c in nb.cells if c.cell_type == "code")
     if assignment.grade_cells():
         check = _text(_cell(nb, bootstrap.CHECK_ID))
+        colab.timings[f"check-{assignment.name}"] = round(_cell_seconds(_cell(nb, bootstrap.CHECK_ID)), 1)
         source = "the notebook as Colab's editor holds it now" if through_colab else f"Copy of {assignment.notebook}"
         assert source in check and "all visible tests pass" in check and "✓ ready to hand in" in check, check
         if through_colab:

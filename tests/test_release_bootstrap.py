@@ -193,6 +193,31 @@ def test_set_up_cell_says_when_the_install_fails(tmp_path):
     assert run.returncode != 0 and "pip could not install the course from /nonexistent" in run.stderr
 
 
+def test_set_up_cell_changes_no_package_the_kernel_has(tmp_path):
+    """A kernel with numpy 1.0 and a course that needs numpy>=1.24: pip may not upgrade numpy, so the cell stops
+    with pip's reason instead (the real install, changing nothing, runs in tests/test_colab_like.py)."""
+    python = _bare_python(tmp_path, "2.13.0")
+    site = next((tmp_path / "bare" / "lib").glob("python*/site-packages"))
+    (site / "numpy-1.0.dist-info").mkdir()
+    (site / "numpy-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: numpy\nVersion: 1.0\n")
+    pip_only = tmp_path / "pip-only"  # this environment's pip, and nothing else of it
+    pip_only.mkdir()
+    (pip_only / "pip").symlink_to(Path(__import__("pip").__file__).parent)
+    (site / "pip-only.pth").write_text(f"{pip_only}\n")
+    wheel = tmp_path / "training_mechanics_lab-0.1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        info = "training_mechanics_lab-0.1.0.dist-info"
+        z.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: training-mechanics-lab\nVersion: 0.1.0\n"
+                                       "Requires-Dist: numpy>=1.24\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+    run = _run_cell(python, bootstrap.bootstrap_source(), cwd=tmp_path,
+                    env={"PATH": "/usr/bin:/bin", "TML_INSTALL_SPEC": str(wheel), "HOME": str(tmp_path)})
+    assert run.returncode != 0
+    assert "without changing a package this kernel already has" in run.stderr and "numpy" in run.stderr, run.stderr[-2000:]
+    assert not list(site.glob("numpy-2*")) and (site / "numpy-1.0.dist-info").is_dir()
+
+
 def _requires(name: str) -> list[str]:
     """The distributions `name` requires here (markers evaluated, no extras)."""
     from packaging.requirements import Requirement

@@ -206,7 +206,7 @@ else:
     _kept = _installed()
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as _hold:
         _hold.write("".join(f"{{n}}=={{v}}\\n" for n, v in sorted(_kept.items())))  # pip may change none of them
-    _pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--constraint", _hold.name, _spec{extras}],
+    _pip = subprocess.run([sys.executable, "-m", "pip", "install", "--constraint", _hold.name, _spec{extras}],
                           capture_output=True, text=True)
     os.unlink(_hold.name)
     if _pip.returncode:

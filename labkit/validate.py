@@ -10,13 +10,15 @@ notebook that is open, wherever it runs:
 - on Kaggle, the copy Kaggle keeps beside the kernel (`/kaggle/working/…__notebook_source__.ipynb`);
 - elsewhere the file on disk: the notebook Jupyter started this kernel for (`JPY_SESSION_NAME`), VS Code's
   (`__vsc_ipynb_file__`), `ASSIGNMENT.ipynb` in the working folder, or a notebook there whose metadata names
-  ASSIGNMENT (a renamed copy).
+  ASSIGNMENT (a renamed copy);
+- where none of these is found, the course's blank copy with the answers this kernel ran last (IPython's `In`).
 A notebook whose metadata names another assignment is never taken for this one. It then says how to
 download the notebook for hand-in on that platform.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import sys
@@ -130,21 +132,21 @@ def _colab_notebook(timeout: int = 60) -> nbformat.NotebookNode | None:
 def _candidate_files(assignment: str) -> list[tuple[Path, bool]]:
     """Files that may hold the open notebook, most likely first, each with whether its metadata must name
     `assignment` (any notebook in the working folder, renamed or not, may be the one)."""
-    named = [Path(p) for p in (os.environ.get("JPY_SESSION_NAME"), _user_variable("__vsc_ipynb_file__")) if p]
+    named = [Path(p) for p in (os.environ.get("JPY_SESSION_NAME"), _user_variable("__vsc_ipynb_file__"))
+             if isinstance(p, str) and p]
     named += [Path.cwd() / f"{assignment}.ipynb"] + [p for p in KAGGLE_COPIES if p.is_file()]
     others = sorted(Path.cwd().glob("*.ipynb"), key=lambda p: -p.stat().st_mtime)[:20]
     return [(p, False) for p in named] + [(p, True) for p in others if p not in named]
 
 
-def _user_variable(name: str) -> str | None:
+def _user_variable(name: str) -> object:
     try:
         from IPython import get_ipython
 
         shell = get_ipython()
     except ImportError:
         return None
-    value = shell.user_ns.get(name) if shell is not None else None
-    return value if isinstance(value, str) else None
+    return shell.user_ns.get(name) if shell is not None else None
 
 
 def assignment_of(nb: nbformat.NotebookNode) -> str | None:
@@ -168,8 +170,46 @@ def open_notebook(assignment: str, colab: Callable[[], nbformat.NotebookNode | N
             continue
         if assignment_of(nb) == assignment or (assignment_of(nb) is None and not strict):
             return nb, f"{path}, as last saved"
+    live = _user_variable("In")
+    nb = live_notebook(assignment, live) if isinstance(live, list) else None
+    if nb is not None:
+        return nb, ("the answers this kernel ran last, in the course's copy of the notebook (no copy of yours was "
+                    "found to read; cells of your own are left out)")
     return None, (f"found no copy of {assignment} to check: save it, download it and run "
                   f"`python -m labkit.validate {assignment}.ipynb` where the course is installed")
+
+
+def _defined(source: str) -> set[str]:
+    """The names a cell's code defines at top level (functions, classes, assignments), or {} when it is not Python."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return set()
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return names
+
+
+def live_notebook(assignment: str, history: list[str]) -> nbformat.NotebookNode | None:
+    """The course's blank copy of `assignment` with each answer cell replaced by the last code this kernel ran that
+    defines the same names (`history`: IPython's `In`); None without that copy or without any such code."""
+    path = released_notebook(assignment)
+    if path is None:
+        return None
+    nb = nbformat.read(path, as_version=4)
+    found = 0
+    for cell in nb.cells:
+        names = _defined(cell.source) if cells.kind(cell) == cells.ANSWER else set()
+        ran = [code for code in history if names and names <= _defined(code)]
+        if ran:
+            cell.source = ran[-1]
+            found += 1
+    return nb if found else None
 
 
 def check_open_notebook(assignment: str) -> bool:

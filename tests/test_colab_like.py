@@ -12,7 +12,8 @@ checkout: `grader edition` builds it as a git repository with its release tag, a
 - every released notebook with the reference answers runs top to bottom, alone in an empty folder as on Colab,
   without an error; its last cell checks it and finds it ready to hand in; 00 prints no ✗;
 - notebook 01 checks itself through Colab's front end: a stand-in for `google.colab._message` answers
-  `get_ipynb` as Colab does (cells without ids, sources as lists of lines), and the notebook is not on disk.
+  `get_ipynb` as Colab does (cells without ids, sources as lists of lines), and the notebook is not on disk;
+  notebook 02, not on disk either, as on Kaggle, through the answers its kernel ran.
 
 The base environment (about 5 GB, a CUDA build of torch) is built once under build/colab-like/ and reused.
 Timings go to test-artifacts/colab-like/timings.json.
@@ -175,30 +176,32 @@ def test_the_set_up_cell_installs_the_edition_and_changes_no_package_the_kernel_
 
 @pytest.mark.parametrize("assignment", ASSIGNMENTS, ids=[a.name for a in ASSIGNMENTS])
 def test_every_notebook_alone_with_reference_answers(colab, assignment):
-    """Alone in a folder, under the name a download gives it; 01 is not on disk at all and checks itself through
-    Colab's front end."""
+    """Alone in a folder, under the name a download gives it. Two are not on disk at all: 01 checks itself through
+    Colab's front end, 02 (as on Kaggle with no copy found) through the answers its kernel ran."""
     nb = reference_submission(assignment)
-    through_colab = assignment.name == "01_gradient_descent"
     env: dict[str, str] = {}
-    if through_colab:
+    if assignment.name == "01_gradient_descent":
         fake = colab.work / "fake-colab"
         (fake / "google" / "colab").mkdir(parents=True, exist_ok=True)
         (fake / "google" / "colab" / "__init__.py").write_text("")
         (fake / "google" / "colab" / "_message.py").write_text(FAKE_COLAB)
         (fake / "front-end.ipynb").write_text(nbformat.writes(nb))
         env = {"PYTHONPATH": str(fake), "COLAB_RELEASE_TAG": "colab-like", "FAKE_COLAB_NOTEBOOK": str(fake / "front-end.ipynb")}
-    file_name = "" if through_colab else f"Copy of {assignment.notebook}"  # the check must not need the release's name
-    nb = colab.run(nb, f"released-{assignment.name}", file_name, **env)
+        source, download = "the notebook as Colab's editor holds it now", "File → Download → Download .ipynb"
+    elif assignment.name == "02_autograd_graph":
+        env = {"KAGGLE_KERNEL_RUN_TYPE": "Interactive"}
+        source, download = "the answers this kernel ran last", "File → Download notebook"
+    else:  # the check must not need the release's file name
+        source, download = f"Copy of {assignment.notebook}, as last saved", "hand in the file"
+    nb = colab.run(nb, f"released-{assignment.name}", "" if env else f"Copy of {assignment.notebook}", **env)
     assert _errors(nb) == []
     assert "nothing to do" in _text(_cell(nb, bootstrap.CELL_ID))
     outputs = "".join(_text(c) for c in nb.cells if c.cell_type == "code")
     if assignment.grade_cells():
         check = _text(_cell(nb, bootstrap.CHECK_ID))
         colab.timings[f"check-{assignment.name}"] = round(_cell_seconds(_cell(nb, bootstrap.CHECK_ID)), 1)
-        source = "the notebook as Colab's editor holds it now" if through_colab else f"Copy of {assignment.notebook}"
         assert source in check and "all visible tests pass" in check and "✓ ready to hand in" in check, check
-        if through_colab:
-            assert "File → Download → Download .ipynb" in check
+        assert download in check, check
     else:  # 00: alone, it checks the course's blank copy of 01 and ends without ✗
         assert "✗" not in outputs, outputs
         assert "checking the course's blank copy of 01" in outputs and "the check ran" in outputs, outputs

@@ -55,10 +55,20 @@ def warnings_for(s: CourseSettings) -> list[str]:
     return found
 
 
+PINS_HEADER = {
+    "requirements.txt": "# The pins `./course setup` installs (torch first, then the rest); environment.yml holds the same.\n",
+    "environment.yml": "# Conda environment with the same pins as requirements.txt:\n"
+                       "#   conda env create -f environment.yml && conda activate training-mechanics-lab\n",
+}
+
+
 def _without_instructor_pins(text: str) -> str:
-    """requirements.txt or environment.yml with the instructor's tools' lines left out."""
+    """requirements.txt or environment.yml with the instructor's tools' lines (and its opening comments) left out."""
+    lines = text.splitlines()
+    while lines and lines[0].startswith("#"):
+        lines.pop(0)
     kept = []
-    for line in text.splitlines():
+    for line in lines:
         name = re.match(r"\s*(?:-\s+)?([A-Za-z0-9_.-]+)==", line)
         if not (name and name.group(1).lower() in INSTRUCTOR_ONLY):
             kept.append(line)
@@ -171,8 +181,8 @@ def write_edition(out: Path) -> list[Path]:
     shutil.copytree(NOTEBOOKS, out / "notebooks", ignore=IGNORED)
     for package in KERNEL_PACKAGES:
         shutil.copytree(package, out / package.name, ignore=IGNORED)
-    (out / "requirements.txt").write_text(_without_instructor_pins((REPO / "requirements.txt").read_text()))
-    (out / "environment.yml").write_text(_without_instructor_pins((REPO / "environment.yml").read_text()))
+    for pins, header in PINS_HEADER.items():
+        (out / pins).write_text(header + _without_instructor_pins((REPO / pins).read_text()))
     (out / "course").write_text(course_script())
     (out / "course").chmod(0o755)
     (out / "pyproject.toml").write_text(pyproject(s))

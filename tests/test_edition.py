@@ -6,6 +6,7 @@ holds no solution, hidden test, grader, mutant or reference record, that a stale
 reason; and the edition's own `./course setup` gives a JupyterLab with no nbgrader extension and no grading kernel.
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -126,3 +127,12 @@ def test_the_edition_lab_has_no_nbgrader_and_no_grading_kernel(built):
     validate = subprocess.run([str(out / "course"), "validate", "notebooks/01_gradient_descent/01_gradient_descent.ipynb"],
                               cwd=out, capture_output=True, text=True)
     assert validate.returncode == 1 and "✗ mse_grad: not answered yet" in validate.stdout, validate.stdout
+
+
+def test_the_edition_readme_links_every_notebook_once_published():
+    published = dataclasses.replace(settings(), repository="https://github.com/some-school/tml-students", release_tag="v9.1")
+    text = edition.readme(published)
+    for name in ("00_setup", "07_distributed"):
+        assert f"colab.research.google.com/github/some-school/tml-students/blob/v9.1/notebooks/{name}/{name}.ipynb" in text
+    unpublished = dataclasses.replace(published, repository="https://github.com/YOUR-ORG/tml-students")
+    assert "colab.research.google.com/github" not in edition.readme(unpublished)

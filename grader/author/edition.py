@@ -120,7 +120,7 @@ def readme(s: CourseSettings) -> str:
     rows = "\n".join(
         f"| `{n}` | [Colab](https://colab.research.google.com/github/{owner_name}/blob/{s.release_tag}/notebooks/{n}/{n}.ipynb)"
         f" · [Kaggle](https://kaggle.com/kernels/welcome?src={s.blob(f'notebooks/{n}/{n}.ipynb')}) |"
-        for n in names)
+        if s.published else f"| `{n}` | not yet: this edition's address is not set, open it locally |" for n in names)
     return f"""\
 # Training Mechanics Lab — student edition ({s.release_tag})
 

@@ -1,4 +1,4 @@
-"""The instructor command line: release, check, edition, autograde, report, export, merge."""
+"""The instructor command line: release, check, edition, autograde, report, export, merge, gradescope."""
 
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ def _autograde(args: argparse.Namespace) -> int:
     from grader.batch.autograde import GradingEnvironmentBroken, SandboxUnavailable, autograde
     from grader.batch.shards import ShardError, parse_shard
     from grader.collect.deadlines import ConfigError, load_config
-    from grader.collect.submissions import printable
     from grader.course import assignments
+    from grader.results import printable, status_text
 
     if not args.submissions.exists():
         print(f"no such folder or zip: {args.submissions}", file=sys.stderr)
@@ -58,7 +58,7 @@ def _autograde(args: argparse.Namespace) -> int:
           f"feedback in {args.out / 'feedback'}; report in {args.out / 'report' / 'report.html'}; "
           f"{len(flagged)} with a status note")
     for r in flagged:
-        print(f"  {printable(r.student)}/{printable(r.assignment)}: {printable('; '.join(r.status))}")
+        print(f"  {printable(r.student)}/{printable(r.assignment)}: {printable(status_text(r.status))}")
     return 0
 
 
@@ -109,6 +109,17 @@ def _merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gradescope(args: argparse.Namespace) -> int:
+    from grader.course import assignment_named
+    from grader.platforms.gradescope import build_zip
+
+    chosen = [assignment_named(n) for n in args.assignment or []]
+    count = build_zip(args.out, chosen, args.feedback, args.timeout)
+    print(f"wrote {args.out} ({count} files) for {', '.join(a.name for a in chosen) or 'every assignment'}: upload it "
+          "as the autograder of a Gradescope programming assignment (README, Gradescope)")
+    return 0
+
+
 def _selftest(args: argparse.Namespace) -> int:
     import tempfile
 
@@ -117,6 +128,7 @@ def _selftest(args: argparse.Namespace) -> int:
     from grader.batch.autograde import GradingEnvironmentBroken, autograde
     from grader.course import assignment_named, assignments
     from grader.judge.grading import plain_kernel_factory, reference_records
+    from grader.results import status_text
 
     chosen = [assignment_named(n) for n in args.assignments] or assignments()
     out = args.keep or Path(tempfile.mkdtemp(prefix="selftest-"))
@@ -126,7 +138,7 @@ def _selftest(args: argparse.Namespace) -> int:
     except GradingEnvironmentBroken as err:
         print(f"✗ grading stopped: {err}")
         return 1
-    problems = mismatches({(r.student, r.assignment): (r.scores, "; ".join(r.status) or "ok", r.messages, r.mistakes)
+    problems = mismatches({(r.student, r.assignment): (r.scores, status_text(r.status), r.messages, r.mistakes)
                            for r in results}, expected)
     for problem in problems:
         print(f"✗ {problem}")
@@ -206,6 +218,13 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("out", type=Path, help="write grades.csv, results.json, feedback/ and report/ here")
     merge.add_argument("shards", type=Path, nargs="+", help="the --out folder of every shard")
     merge.set_defaults(run=_merge)
+    gradescope = commands.add_parser("gradescope", help="write a Gradescope autograder zip (setup.sh, run_autograder)")
+    gradescope.add_argument("out", type=Path, help="the zip to write")
+    gradescope.add_argument("--assignment", action="append", help="the assignment it grades (repeatable; default: any)")
+    gradescope.add_argument("--feedback", choices=["after-release", "at-once"], default="after-release",
+                            help="hidden tests' messages shown after the due date (default) or points only, at once")
+    gradescope.add_argument("--timeout", type=int, default=30, help="seconds per cell (default 30)")
+    gradescope.set_defaults(run=_gradescope)
     edition = commands.add_parser("edition", aliases=["bundle"],
                                   help="write the student edition: notebooks, helpers, its own README, pyproject and "
                                        "course script; no solutions, hidden tests, grader or mutants")

@@ -43,11 +43,14 @@ def assignments() -> list[Assignment]:
 
 
 def assignment_named(name: str) -> Assignment:
-    """The assignment called `name`, or a ValueError listing the ones that exist."""
+    """The assignment called `name` — in full (`06_mixed_precision`) or by number (`06`, `6`) — or a ValueError
+    listing the ones that exist."""
     known = {a.name: a for a in assignments()}
-    if name not in known:
-        raise ValueError(f"unknown assignment {name!r}; known: {', '.join(known)}")
-    return known[name]
+    prefix = f"{int(name):02d}_" if name.isdigit() else None
+    found = [a for n, a in known.items() if n == name or (prefix and n.startswith(prefix))]
+    if len(found) != 1:
+        raise ValueError(f"unknown assignment {name!r}; known: {', '.join(known)} (or their numbers)")
+    return found[0]
 
 
 def read_json(path: Path) -> dict:

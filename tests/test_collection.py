@@ -11,10 +11,9 @@ import pytest
 from conftest import autograde, read_rows
 
 from grader.author.mutants import reference_submission
-from grader.batch.autograde import csv_cell, write_csv
-from grader.batch.worker import Result
-from grader.collect.submissions import collect, printable, unpack_zip
+from grader.collect.submissions import collect, unpack_zip
 from grader.course import assignment_named, assignments
+from grader.results import Note, NoteKind, Result, csv_cell, printable, write_csv
 
 ONE = "01_gradient_descent"
 A = assignment_named(ONE)
@@ -44,8 +43,8 @@ def test_canvas_students_are_keyed_by_user_id_and_re_uploads_are_graded(tmp_path
     found = _found(unpack_zip(archive, tmp_path / "unpacked", assignments()))
     assert set(found) == {(s, ONE) for s in ("smithjohn_1234", "smithjohn_1299", "doejane_1300", "leeann_1301", "roeray_1302")}
     assert found["smithjohn_1234", ONE].notes == []
-    assert found["smithjohn_1299", ONE].notes == [f"renamed: graded {ONE}-1.ipynb as {ONE}.ipynb"]
-    assert found["roeray_1302", ONE].notes == [f"renamed: graded my-homework.ipynb as {ONE}.ipynb"]
+    assert found["smithjohn_1299", ONE].notes == [Note(NoteKind.RENAMED, f"renamed: graded {ONE}-1.ipynb as {ONE}.ipynb")]
+    assert found["roeray_1302", ONE].notes == [Note(NoteKind.RENAMED, f"renamed: graded my-homework.ipynb as {ONE}.ipynb")]
     assert all(s.notebook is not None and not s.problem for s in found.values())
     assert found["doejane_1300", ONE].submitted_at  # the time the zip recorded for the upload
     assert not (tmp_path / "escape.ipynb").exists()
@@ -69,13 +68,13 @@ def test_colab_kaggle_and_student_names_are_graded_as_their_assignment_without_b
         "noether_1005_2005_broken.ipynb": "{not json",  # unreadable: no assignment to put it in
     })
     found = _found(unpack_zip(archive, tmp_path / "unpacked", assignments()))
-    assert found["adalovelace_1001", ONE].notes == [f"renamed: graded Copy-of-{ONE}.ipynb as {ONE}.ipynb"]
-    assert found["babbagecharles_1002", ONE].notes == [f"renamed: graded 01-gradient-descent.ipynb as {ONE}.ipynb"]
-    assert found["hopper_1003", ONE].notes == [f"renamed: graded homework-final.ipynb as {ONE}.ipynb"]
+    for student, name in (("adalovelace_1001", f"Copy-of-{ONE}.ipynb"), ("babbagecharles_1002", "01-gradient-descent.ipynb"),
+                          ("hopper_1003", "homework-final.ipynb")):
+        assert found[student, ONE].notes == [Note(NoteKind.RENAMED, f"renamed: graded {name} as {ONE}.ipynb")]
     assert all(found[s, ONE].notebook and not found[s, ONE].problem for s in ("adalovelace_1001", "babbagecharles_1002",
                                                                               "hopper_1003"))
     assert found["curie_1004", two.name].notebook is not None
-    assert found["noether_1005", "unmatched-upload"].problem.startswith("unknown assignment folder")
+    assert found["noether_1005", "unmatched-upload"].problem.text.startswith("unknown assignment folder")
 
 
 def test_a_foreign_or_unreadable_notebook_gets_a_status(tmp_path):
@@ -87,9 +86,10 @@ def test_a_foreign_or_unreadable_notebook_gets_a_status(tmp_path):
     (root / "cat" / ONE / "notes.ipynb").write_text("{}")
     (root / "cat" / ONE / A.notebook).rename(root / "cat" / ONE / "mine.ipynb")  # two notebooks, neither named 01
     found = _found(root)
-    assert found["ann", ONE].problem == f"foreign notebook: {A.notebook} is {assignments()[2].name}'s (its metadata)"
+    assert found["ann", ONE].problem == Note(NoteKind.MISSING,
+                                             f"foreign notebook: {A.notebook} is {assignments()[2].name}'s (its metadata)")
     assert found["ben", ONE].notebook is not None and not found["ben", ONE].problem  # the worker says "invalid notebook"
-    assert found["cat", ONE].notes[0] == f"renamed: graded mine.ipynb as {ONE}.ipynb (its metadata)"
+    assert found["cat", ONE].notes[0] == Note(NoteKind.RENAMED, f"renamed: graded mine.ipynb as {ONE}.ipynb (its metadata)")
 
 
 def test_moodle_folders_are_understood(tmp_path):
@@ -123,14 +123,14 @@ def test_a_folder_of_traps_never_stops_collection(tmp_path):
     found = _found(root)
     alice = found["alice", ONE]
     assert alice.notebook == good / A.notebook and not alice.problem
-    assert "link mem.ipynb refused" in alice.notes and "special file pipe ignored" in alice.notes
-    assert found["bob", ONE].problem.startswith("missing notebook")
-    assert "link 01_gradient_descent.ipynb refused" in found["bob", ONE].notes
-    assert found["carol", "?"].problem == "refused: the student folder is a link"
-    assert any("unsafe folder name" in s.problem for s in found.values())
-    assert found["dave", "not-an-assignment"].problem.startswith("unknown assignment folder")
+    assert {"link mem.ipynb refused", "special file pipe ignored"} <= {n.text for n in alice.notes}
+    assert found["bob", ONE].problem == Note(NoteKind.MISSING, f"missing notebook {ONE}.ipynb (found: no notebook)")
+    assert Note(NoteKind.REFUSED, "link 01_gradient_descent.ipynb refused") in found["bob", ONE].notes
+    assert found["carol", "?"].problem == Note(NoteKind.REFUSED, "refused: the student folder is a link")
+    assert any(s.problem and "unsafe folder name" in s.problem.text for s in found.values())
+    assert found["dave", "not-an-assignment"].problem.kind == NoteKind.REFUSED
     if os.geteuid() != 0:  # root reads a mode-0 folder anyway
-        assert found["erin", ONE].problem.startswith("could not read")
+        assert found["erin", ONE].problem.text.startswith("could not read")
 
 
 @pytest.mark.slow
@@ -152,9 +152,10 @@ def test_the_batch_survives_the_traps_with_bounded_memory(tmp_path):
 
 
 def test_spreadsheet_formulas_and_terminal_codes_are_neutralised(tmp_path):
-    results = [Result("=HYPERLINK(\"http://x\")", ONE, {}, {}, ["renamed: graded \x1b[31mred\x1b[0m.ipynb"]),
-               Result("+1", ONE, {}, {}, ["-2"]), Result("@sum", ONE, {}, {}, [])]
-    write_csv(results, {ONE: A}, tmp_path / "grades.csv")
+    renamed = Note(NoteKind.RENAMED, "renamed: graded \x1b[31mred\x1b[0m.ipynb")
+    results = [Result("=HYPERLINK(\"http://x\")", ONE, {}, {}, [renamed]),
+               Result("+1", ONE, {}, {}, [Note(NoteKind.REFUSED, "-2")]), Result("@sum", ONE, {}, {}, [])]
+    write_csv(results, list(A.grade_cells()), tmp_path / "grades.csv")
     rows = list(csv.reader(io.StringIO((tmp_path / "grades.csv").read_text())))[1:]
     assert [r[0] for r in rows] == ["'+1", "'=HYPERLINK(\"http://x\")", "'@sum"]
     assert "\x1b" not in (tmp_path / "grades.csv").read_text()

@@ -35,6 +35,7 @@ from grader.judge.scenarios import split
 from grader.kernel import probe
 from grader.kernel.harness import Step, StepRun
 from grader.report.feedback import write_feedback
+from grader.results import NoteKind
 
 # --- cell factories ---------------------------------------------------------------------------------------
 
@@ -78,7 +79,7 @@ def test_rebuild_keeps_answers_and_added_cells_and_restores_the_rest():
     assert [c.source for c in rebuilt.cells] == ["import torch", "# Exercise", "def f(x):\n    return 2 * x",
                                                 "scratch = 1", "assert f(1) == 2"]
     assert rebuilt.cells[3].metadata == {ADDED: True}
-    assert notes == ["tampered: edited locked cell f restored"]
+    assert [n.text for n in notes] == ["tampered: edited locked cell f restored"]
 
 
 def test_rebuild_restores_deleted_cells_and_grades_the_last_copy_of_an_answer():
@@ -90,7 +91,8 @@ def test_rebuild_restores_deleted_cells_and_grades_the_last_copy_of_an_answer():
     assert [c.source for c in rebuilt.cells] == ["def helper():\n    return 2", "import torch", "# Exercise",
                                                 "def f(x):\n    return helper() * x", "assert f(1) == 2"]
     assert rebuilt.cells[0].metadata == {ADDED: True}
-    assert notes == ["tampered: deleted cell setup restored", "tampered: deleted cell f restored"]
+    assert [n.text for n in notes] == ["tampered: deleted cell setup restored", "tampered: deleted cell f restored"]
+    assert {n.kind for n in notes} == {NoteKind.TAMPERED}
 
 
 # --- scenarios --------------------------------------------------------------------------------------------
@@ -239,7 +241,7 @@ def test_feedback_is_inert_and_shows_only_what_ran_before_the_tests(tmp_path):
 
     graded = Graded(steps, runs, {"f": Verdict("f", 0, 2, "f on 1 is wrong <i>")})
     page_path = tmp_path / "page.html"
-    write_feedback(page_path, student="<s>", assignment="a", notebook=nb, graded=graded, status=["ok"])
+    write_feedback(page_path, student="<s>", assignment="a", notebook=nb, graded=graded, status=[])
     page = page_path.read_text()
     assert "<script" not in page and "onerror=" not in page.replace("onerror=alert", "")  # only as escaped text
     assert "&lt;script&gt;" in page and "&lt;b&gt;mine&lt;/b&gt;" in page

@@ -11,9 +11,9 @@ import pytest
 from conftest import PYTHON, REPO
 from instructor_class import FULL, ONE, A
 
-from grader.batch.autograde import write_outputs
-from grader.batch.worker import Result
 from grader.report.lms import ExportError, RosterError, export, match_students, read_roster
+from grader.report.outputs import write_outputs
+from grader.results import Note, NoteKind, Result
 
 ZERO = {k: 0.0 for k in FULL}
 
@@ -24,7 +24,7 @@ def graded(tmp_path):
     rows = [Result("Ada-Lovelace_101", ONE, dict(FULL), dict(FULL)),
             Result("Bo-Chen_102", ONE, {**FULL, "mse_grad": 0.0}, dict(FULL), penalty=0.7,
                    lateness={"late_by": 5.5, "submitted": "2030-01-16T05:29:00+00:00", "due": "x", "fraction": 0.1}),
-            Result("Cy-Dee_103", ONE, ZERO, dict(FULL), ["no submission"]),
+            Result("Cy-Dee_103", ONE, ZERO, dict(FULL), [Note(NoteKind.NO_SUBMISSION, "no submission")]),
             Result("dlogin", ONE, dict(FULL), dict(FULL)),
             Result("eve@uni.example", ONE, {**FULL, "critical_lr": 0.0}, dict(FULL)),
             Result("stranger_999", ONE, dict(FULL), dict(FULL))]
@@ -108,11 +108,11 @@ def test_moodle_worksheet_fills_the_grade_of_participants_and_gradebook_export_m
     header, *rows = parse(tmp_path / "gb-out.csv")
     assert header == ["First name", "Last name", "ID number", "Institution", "Department", "Email address",
                       f"Assignment: {ONE} (Real)"]
-    assert [r[0] + ":" + r[-1] for r in rows] == ["Eve:8", "Dan:10"]
-    # An ID number equal to the number in a Moodle zip's key is a participant id, not this ID number: no match.
-    assert "Ada-Lovelace_101" in done["unmatched"]
+    assert [r[0] + ":" + r[-1] for r in rows] == ["Eve:8", "Dan:10", "Ada:10"]
+    # An ID number equal to the number in a Moodle zip's key is a participant id, not this ID number: the key
+    # from the Moodle zip (full name and participant id) matches the gradebook's one row with that full name.
     assert {m.student: m.how for m in done["matched"]} == {"eve@uni.example": "email (Email address)",
-                                                             "dlogin": "id (ID number)"}
+                                                             "dlogin": "id (ID number)", "Ada-Lovelace_101": "full name"}
 
 
 @pytest.mark.parametrize("rows, fmt, says", [

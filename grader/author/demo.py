@@ -16,6 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from grader.course import assignment_named
 from grader.paths import REPO, SOLUTIONS
 
 PRESENTATION_COMMAND = "application:toggle-presentation-mode"
@@ -25,14 +26,10 @@ def find_solution(name: str) -> Path:
     """solutions/NN_*/NN_*.ipynb for '1', '01', '01_gradient_descent' or a path to the notebook."""
     if name.endswith(".ipynb") and Path(name).exists():
         return Path(name).resolve()
-    prefix = f"{int(name):02d}_" if name.isdigit() else name
-    found = sorted(p for p in SOLUTIONS.glob("*/*.ipynb")
-                   if p.parent.name.startswith(prefix) and p.stem == p.parent.name)
-    if len(found) != 1:
-        available = ", ".join(sorted(p.name for p in SOLUTIONS.iterdir() if p.is_dir() and not p.name.startswith(".")))
-        raise SystemExit(f"{'no' if not found else 'more than one'} solution notebook matches {name!r}; "
-                         f"available: {available}")
-    return found[0]
+    try:
+        return assignment_named(name).source
+    except ValueError as err:
+        raise SystemExit(f"no solution notebook matches: {err}") from None
 
 
 def demo_cells(path: Path) -> list[tuple[int, int, str, str]]:

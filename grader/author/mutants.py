@@ -1,4 +1,4 @@
-"""Reference, blank and mutant submissions built from the released notebook (the grader's self-test data).
+"""Reference, blank, mutant and variant submissions built from the released notebook (the grader's self-test data).
 
 Mutants are realistic wrong answers kept as data in grader/mutants/<assignment>.toml:
 
@@ -9,6 +9,17 @@ Mutants are realistic wrong answers kept as data in grader/mutants/<assignment>.
     why = "residual written as y - Xw"      # the misconception, in plain words
     says = "the sign is flipped"            # what the grader's message must say about it
     source = '''...'''                      # the wrong answer, as a student would write it
+
+Variants are correct answers written differently (another algorithm, dtype, container, in place or not),
+kept in grader/variants/<assignment>.toml; each must earn full marks with status ok:
+
+    [[variant]]
+    name = "mse_grad_einsum"
+    exercise = "mse_grad"                   # the test cell it answers
+    cell = "mse_grad_answer"                # the answer cell it replaces
+    why = "einsum instead of matrix products"
+    source = '''...'''
+    scratch = '''...'''                     # optional: a cell of the student's own, right after that answer
 """
 
 from __future__ import annotations
@@ -21,7 +32,7 @@ import tomllib
 
 from grader.author.markers import SOLUTION_MARKER
 from grader.course import Assignment, assignments
-from grader.paths import MUTANTS
+from grader.paths import MUTANTS, VARIANTS
 from labkit import cells
 
 MIN_MUTANTS_PER_EXERCISE = 3
@@ -47,6 +58,28 @@ def load_mutants(assignment: Assignment) -> list[Mutant]:
     entries = tomllib.loads(path.read_text(encoding="utf-8")).get("mutant", [])
     return [Mutant(name=e["name"], exercise=e["exercise"], cell=e["cell"], why=e["why"], says=e.get("says", ""),
                    source=e["source"]) for e in entries]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One correct answer written differently, with an optional scratch cell of the student's own after it."""
+
+    name: str
+    exercise: str
+    cell: str
+    why: str
+    source: str
+    scratch: str = ""
+
+
+def load_variants(assignment: Assignment) -> list[Variant]:
+    """The variants of an assignment (none when it has no variants file)."""
+    path = VARIANTS / f"{assignment.name}.toml"
+    if not path.exists():
+        return []
+    entries = tomllib.loads(path.read_text(encoding="utf-8")).get("variant", [])
+    return [Variant(name=e["name"], exercise=e["exercise"], cell=e["cell"], why=e["why"], source=e["source"],
+                    scratch=e.get("scratch", "")) for e in entries]
 
 
 def reference_answers(assignment: Assignment) -> dict[str, str]:
@@ -83,16 +116,22 @@ def blank_submission(assignment: Assignment) -> nbformat.NotebookNode:
     return copy.deepcopy(nbformat.read(assignment.release, as_version=4))
 
 
-def mutant_submission(assignment: Assignment, group: list[Mutant]) -> nbformat.NotebookNode:
-    """The reference with each mutant of `group` replacing its answer cell."""
+def mutant_submission(assignment: Assignment, group: list[Mutant] | list[Variant]) -> nbformat.NotebookNode:
+    """The reference with each mutant (or variant) of `group` replacing its answer cell; a variant's scratch
+    cell follows its answer as a cell the student added."""
     answers = reference_answers(assignment)
     answers.update({m.cell: m.source for m in group})
-    return build_submission(assignment, answers)
+    nb = build_submission(assignment, answers)
+    scratch = {m.cell: m.scratch for m in group if isinstance(m, Variant) and m.scratch}
+    for index in reversed(range(len(nb.cells))):
+        if (code := scratch.get(cells.grade_id(nb.cells[index]))) is not None:
+            nb.cells.insert(index + 1, nbformat.v4.new_code_cell(code))
+    return nb
 
 
-def pack_mutants(mutants: list[Mutant]) -> list[list[Mutant]]:
-    """Group mutants into few submissions, never two that touch the same cell or the same exercise."""
-    groups: list[list[Mutant]] = []
+def pack_mutants(mutants: list[Mutant] | list[Variant]) -> list[list]:
+    """Group mutants (or variants) into few submissions, never two that touch the same cell or the same exercise."""
+    groups: list[list] = []
     for mutant in mutants:
         for group in groups:
             if all(m.cell != mutant.cell and m.exercise != mutant.exercise for m in group):
@@ -111,13 +150,14 @@ def mutant_problems() -> list[str]:
         tests = {cells.grade_id(c) for c in source if cells.kind(c) == cells.TEST}
         answers = {cells.grade_id(c) for c in source if cells.kind(c) == cells.ANSWER}
         mutants = load_mutants(assignment)
-        names = [m.name for m in mutants]
-        problems += [f"{assignment.name}: mutant name {n!r} is used twice" for n in set(names) if names.count(n) > 1]
-        for m in mutants:
-            if m.cell not in answers:
-                problems.append(f"{assignment.name}: mutant {m.name} replaces unknown answer cell {m.cell!r}")
-            if m.exercise not in tests:
-                problems.append(f"{assignment.name}: mutant {m.name} names {m.exercise!r}, which is not a test cell")
+        for what, entries in (("mutant", mutants), ("variant", load_variants(assignment))):
+            names = [m.name for m in entries]
+            problems += [f"{assignment.name}: {what} name {n!r} is used twice" for n in set(names) if names.count(n) > 1]
+            for m in entries:
+                if m.cell not in answers:
+                    problems.append(f"{assignment.name}: {what} {m.name} replaces unknown answer cell {m.cell!r}")
+                if m.exercise not in tests:
+                    problems.append(f"{assignment.name}: {what} {m.name} names {m.exercise!r}, which is not a test cell")
         for test in sorted(tests):
             count = sum(m.exercise == test for m in mutants)
             if count < MIN_MUTANTS_PER_EXERCISE:

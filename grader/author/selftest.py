@@ -1,9 +1,10 @@
-"""The grader's self-test class: reference, blank and mutant submissions with the scores they must get.
+"""The grader's self-test class: reference, blank, mutant and variant submissions with the scores they must get.
 
 Used by the test suite and the benchmark. Student folders are named after what they hold:
 `reference` and `blank` hand in every assignment; `mutants-K` hands in the K-th group of packed
 mutants of each assignment that has one (independent mistakes share a submission, so a class stays
-small while each lost point is still attributable).
+small while each lost point is still attributable); `variants-K` the K-th group of packed variants,
+correct answers written differently, which must earn full marks with status ok.
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ from pathlib import Path
 
 import nbformat
 
-from grader.author.mutants import blank_submission, load_mutants, mutant_submission, pack_mutants, reference_submission
+from grader.author.mutants import (
+    blank_submission,
+    load_mutants,
+    load_variants,
+    mutant_submission,
+    pack_mutants,
+    reference_submission,
+)
 from grader.course import Assignment
 
 
@@ -54,6 +62,10 @@ def write_selftest_class(root: Path, chosen: list[Assignment]) -> dict[tuple[str
                 why=", ".join(f"{m.name} ({m.why})" for m in group),
                 says={k: m.says for k, m in broken.items() if m.says},
                 mistakes={k: m.name for k, m in broken.items()})
+        for index, variants in enumerate(pack_mutants(load_variants(assignment))):
+            student = f"variants-{index}"
+            put(root, student, assignment, mutant_submission(assignment, variants))
+            expected[student, assignment.name] = Expected(dict(full), why=", ".join(f"{v.name} ({v.why})" for v in variants))
     # Students who hand in some assignments but not others get a row saying so.
     students = {s for s, _ in expected}
     for assignment in chosen:
@@ -88,7 +100,7 @@ def mismatches(rows: dict[tuple[str, str], Row], expected: dict[tuple[str, str],
         if wrong:
             detail = ", ".join(f"{k} got {got} expected {v}" for k, (got, v) in wrong.items())
             problems.append(f"{key[0]}/{key[1]} [{want.why}]: {detail}")
-        if want.status not in status:
+        if (status != "ok") if want.status == "ok" else (want.status not in status):
             problems.append(f"{key[0]}/{key[1]}: status {status!r} does not mention {want.status!r}")
     problems += [f"{s}/{a}: unexpected row" for s, a in rows if (s, a) not in expected]
     return problems

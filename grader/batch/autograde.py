@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import hashlib
 import json
@@ -22,21 +21,22 @@ import nbformat
 from tqdm import tqdm
 
 from grader.author.release import generate
-from grader.batch.worker import Result, Spec
-from grader.collect.deadlines import Config, Lateness, check_students, lateness, penalty
-from grader.collect.submissions import MAX_NOTEBOOK_BYTES, Submission, collect, printable, unpack_zip
+from grader.collect.deadlines import Config, Lateness, Override, check_students, lateness, overrides_for, settle
+from grader.collect.submissions import MAX_NOTEBOOK_BYTES, Submission, collect, unpack_zip
 from grader.course import Assignment, assignments
 from grader.judge.grading import GradingEnvironmentBroken, known_mistakes, plain_kernel_factory, reference_records
 from grader.kernel import kernelspec, limits, sandbox
 from grader.kernel.harness import own_cells_budget
 from grader.paths import BUILD, KERNEL_PACKAGES, PYPROJECT, REPO
+from grader.report.outputs import write_outputs
+from grader.results import Note, NoteKind, Result, Spec, status_text
 
 TEMPLATES = BUILD / "grading-templates"
 # Seconds a worker may spend beyond the per-cell limits (kernel start, nbgrader, feedback HTML).
 WORKER_OVERHEAD_S = 120
 
 
-__all__ = ["GradingEnvironmentBroken", "SandboxUnavailable", "autograde", "total", "write_csv", "write_outputs"]
+__all__ = ["GradingEnvironmentBroken", "SandboxUnavailable", "autograde"]
 
 
 class SandboxUnavailable(RuntimeError):
@@ -62,8 +62,9 @@ def _fingerprint(sub: Submission, assignment: Assignment | None, timeout: int, s
 
     `page`: what else the feedback page shows (its mode and the lateness), so a new setting rewrites it.
     """
-    digest = hashlib.sha256(f"{sub.student}\0{sub.assignment}\0{timeout}\0{sandboxed}\0{sub.problem}\0{code}\0{page}".encode())
-    digest.update("\0".join(sub.notes).encode())
+    problem = sub.problem.text if sub.problem else ""
+    digest = hashlib.sha256(f"{sub.student}\0{sub.assignment}\0{timeout}\0{sandboxed}\0{problem}\0{code}\0{page}".encode())
+    digest.update("\0".join(note.text for note in sub.notes).encode())
     if sub.notebook is not None:
         try:
             digest.update(sub.notebook.name.encode() + b"\0" + _read_bounded(sub.notebook))
@@ -117,7 +118,7 @@ class WorkerProcess:
         """Grade one spec; whatever happens to the worker, return a Result."""
         spec_path = Path(spec.result).with_suffix(".spec.json")
         spec_path.parent.mkdir(parents=True, exist_ok=True)
-        spec_path.write_text(json.dumps(asdict(spec)))
+        spec_path.write_text(spec.to_json())
         Path(spec.result).unlink(missing_ok=True)
         if self.process is None or self.process.poll() is not None:
             self.process = self._start()
@@ -130,10 +131,11 @@ class WorkerProcess:
         except (BrokenPipeError, OSError):
             answer = ""
         if answer and Path(spec.result).exists():
-            return Result(**json.loads(Path(spec.result).read_text()))
-        note = f"grading stopped after {wall_s:.0f} s" if answer is None else "grader process died"
+            return Result.read(Path(spec.result))
+        note = (Note(NoteKind.LIMIT_HIT, f"grading stopped after {wall_s:.0f} s (see {self.log.name})") if answer is None
+                else Note(NoteKind.GRADER_ERROR, f"grader process died (see {self.log.name})"))
         self.stop()
-        return Result(spec.student, spec.assignment, {}, {}, [f"{note} (see {self.log.name})"])
+        return Result(spec.student, spec.assignment, {}, {}, [note])
 
 
 def _zero_filled(result: Result, maxima: dict[str, float]) -> Result:
@@ -142,60 +144,10 @@ def _zero_filled(result: Result, maxima: dict[str, float]) -> Result:
     return result
 
 
-def _points(value: float) -> str:
-    return f"{value:g}"
-
-
-def csv_cell(value: str) -> str:
-    """A text cell a spreadsheet will not run as a formula (=, +, -, @ first), control characters escaped."""
-    value = printable(value)
-    return "'" + value if value[:1] in ("=", "+", "-", "@") else value
-
-
-def total(result: Result) -> float:
-    """The points that count: the exercises' points less the late penalty (grades.csv's `total`)."""
-    return round(sum(result.scores.values()) - result.penalty, 6)
-
-
-def write_csv(results: list[Result], known: dict[str, Assignment], path: Path) -> None:
-    """grades.csv: student, assignment, points per exercise, total, max_total, late_by, penalty, status.
-
-    `total` is the points after the late penalty (the exercises' points minus `penalty`); `late_by` is
-    the hours after the due date in effect (0 when on time, empty when no due date applies or the
-    hand-in time is unknown); see grader/collect/deadlines.py.
-    """
-    graded = sorted({r.assignment for r in results if r.assignment in known})
-    exercises = [gid for name in graded for gid in known[name].grade_cells()]
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(["student", "assignment", *exercises, "total", "max_total", "late_by", "penalty", "status"])
-        for r in sorted(results, key=lambda r: (r.student, r.assignment)):
-            row = [csv_cell(r.student), csv_cell(r.assignment)]
-            row += [_points(r.scores[e]) if e in r.scores else "" for e in exercises]
-            late_by = r.lateness.get("late_by")
-            row += [_points(total(r)), _points(sum(r.max_scores.values())),
-                    "" if late_by is None else _points(late_by), _points(r.penalty),
-                    csv_cell("; ".join(r.status) or "ok")]
-            writer.writerow(row)
-
-
-def _apply_lateness(result: Result, sub: Submission, late: Lateness) -> Result:
-    """Record when the hand-in came and what the late policy takes from its points."""
+def _apply_lateness(result: Result, sub: Submission, late: Lateness, overrides: list[Override]) -> Result:
+    """Record when the hand-in came; the instructor's overrides and the late policy decide its points."""
     result.submitted_at = sub.submitted_at
-    result.lateness = asdict(late) if late.due else {}
-    result.penalty = penalty(sum(result.scores.values()), sum(result.max_scores.values()), late)
-    return result
-
-
-def write_outputs(results: list[Result], known: dict[str, Assignment], out: Path, *, report: bool = True) -> None:
-    """grades.csv, results.json and (unless `report` is False) report/ for `results`, under `out`."""
-    results = sorted(results, key=lambda r: (r.student, r.assignment))
-    write_csv(results, known, out / "grades.csv")
-    (out / "results.json").write_text(json.dumps([asdict(r) for r in results], indent=1))
-    if report:
-        from grader.report.report import write_report
-
-        write_report(out)
+    return settle(result, late, overrides)
 
 
 def autograde(
@@ -239,7 +191,10 @@ def autograde(
         root = unpack_zip(submissions, Path(tempfile.mkdtemp(prefix="unpacked-", dir=_mkdir(work))), list(known.values()),
                           only)
     subs = collect(root, list(known.values()), only)
-    check_students(config, {s.student for s in subs})  # a typo in an extension stops here, before any grading
+    # a typo in an extension or override stops here, before any grading
+    config = check_students(config, {s.student for s in subs}, {name: a.grade_cells() for name, a in known.items()})
+    for line in config.matched if progress else ():
+        print(line)
     if shard is not None:
         from grader.batch.shards import in_shard, write_manifest
 
@@ -264,27 +219,30 @@ def autograde(
     code = code_digest()
     results: list[Result] = []
     pending: list[tuple[Spec, str, float]] = []
-    late_of: dict[tuple[str, str], tuple[Submission, Lateness]] = {}
+    late_of: dict[tuple[str, str], tuple[Submission, Lateness, list[Override]]] = {}
     for sub in subs:
         assignment = known.get(sub.assignment)
         result_path = work / "results" / sub.student / f"{sub.assignment}.json"
         late = lateness(config, sub.student, sub.assignment, sub.submitted_at)
-        late_of[sub.student, sub.assignment] = (sub, late)
-        page = json.dumps([feedback, asdict(late)])
+        by_hand = overrides_for(config, sub.student, sub.assignment)
+        late_of[sub.student, sub.assignment] = (sub, late, by_hand)
+        page = json.dumps([feedback, asdict(late), [asdict(o) for o in by_hand]])
         fingerprint = _fingerprint(sub, assignment, timeout, sandboxed, code, page)
         stamp = result_path.with_suffix(".fingerprint")
         if assignment is None:
-            results.append(_apply_lateness(Result(sub.student, sub.assignment, {}, {}, [*sub.notes, sub.problem]), sub, late))
+            notes = [*sub.notes, *([sub.problem] if sub.problem else [])]
+            results.append(_apply_lateness(Result(sub.student, sub.assignment, {}, {}, notes), sub, late, by_hand))
             continue
         if not force and result_path.exists() and stamp.exists() and stamp.read_text() == fingerprint:
-            results.append(_apply_lateness(Result(**json.loads(result_path.read_text())), sub, late))
+            results.append(_apply_lateness(Result.read(result_path), sub, late, by_hand))
             continue
         stamp.unlink(missing_ok=True)
         spec = Spec(student=sub.student, assignment=sub.assignment, notebook=assignment.notebook,
                     submitted=str(sub.notebook or ""), template=str(template), result=str(result_path),
                     feedback=str(out / "feedback" / sub.student / sub.assignment / f"{assignment.name}.html"),
                     timeout=timeout, sandbox=sandboxed, problem=sub.problem, notes=sub.notes,
-                    feedback_mode=feedback, lateness=asdict(late) if late.due else {})
+                    feedback_mode=feedback, lateness=asdict(late) if late.due else {},
+                    overrides=[asdict(o) for o in by_hand])
         code_cells = sum(c.cell_type == "code" for c in nbformat.read(assignment.source, as_version=4).cells)
         # Every cell and test at its limit, twice over (a crash replays what ran), plus the student's own cells.
         pending.append((spec, fingerprint, 2 * timeout * code_cells + own_cells_budget(timeout) + WORKER_OVERHEAD_S))
@@ -323,7 +281,7 @@ def autograde(
             # reported once, not regraded (and crashing) on every run; --force tries again.
             result = _apply_lateness(_zero_filled(result, known[spec.assignment].grade_cells()),
                                      *late_of[spec.student, spec.assignment])
-            Path(spec.result).write_text(json.dumps(asdict(result), indent=1))
+            result.write(Path(spec.result))
             Path(spec.result).with_suffix(".fingerprint").write_text(fingerprint)
             results.append(result)
     for worker in workers:
@@ -347,7 +305,7 @@ def _warm_up(workers: list[WorkerProcess], pending: list[tuple[Spec, float]]) ->
             probe = dataclasses.replace(first, student="", canary_only=True,
                                         result=str(Path(first.result).parent.parent / f".canary-{id(worker)}.json"))
             result = worker.grade(probe, wall)
-            problem = result.broken or ("" if result.max_scores else "; ".join(result.status))  # the worker died
+            problem = result.broken or ("" if result.max_scores else status_text(result.status))  # the worker died
             if problem:
                 return problem
         return ""

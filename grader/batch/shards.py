@@ -23,6 +23,9 @@ import shutil
 from pathlib import Path
 
 from grader.collect.submissions import Submission
+from grader.course import assignments
+from grader.report.outputs import write_outputs
+from grader.results import Result
 
 MANIFEST = "shard.json"
 SPEC = re.compile(r"^(\d+)/(\d+)$")
@@ -99,11 +102,8 @@ def check_shards(folders: list[Path]) -> list[dict]:
     return manifests
 
 
-def merge(out: Path, folders: list[Path], *, report: bool = True) -> list:
+def merge(out: Path, folders: list[Path], *, report: bool = True) -> list[Result]:
     """Join shard outputs into `out` as a single run would have written it; returns the merged Results."""
-    from grader.batch.autograde import write_outputs
-    from grader.batch.worker import Result
-    from grader.course import assignments
 
     manifests = check_shards(folders)
     if any(out.resolve() == f.resolve() for f in folders):
@@ -112,7 +112,7 @@ def merge(out: Path, folders: list[Path], *, report: bool = True) -> list:
     owner: dict[str, Path] = {}
     for folder, m in zip(folders, manifests):
         for raw in json.loads((folder / "results.json").read_text()):
-            result = Result(**raw)
+            result = Result.from_dict(raw)
             if result.student not in m["students"]:
                 raise ShardError(f"{folder}: results.json has {result.student!r}, who is not in shard {m['shard']}")
             results.append(result)

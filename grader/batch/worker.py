@@ -18,13 +18,12 @@ import stat
 import sys
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import nbformat
 
 from grader.author.mutants import load_mutants
-from grader.collect.deadlines import penalty
+from grader.collect.deadlines import settle
 from grader.collect.submissions import MAX_NOTEBOOK_BYTES
 from grader.course import assignment_named, put_interpreter_on_path
 from grader.judge.grading import (
@@ -40,47 +39,8 @@ from grader.judge.rebuild import rebuild
 from grader.judge.scenarios import scenarios
 from grader.kernel import kernelspec, sandbox
 from grader.report.feedback import write_feedback
+from grader.results import Note, NoteKind, Result, Spec
 from labkit import cells
-
-
-@dataclass
-class Spec:
-    """What the parent asks a worker to grade."""
-
-    student: str
-    assignment: str
-    notebook: str  # expected file name, e.g. 01_gradient_descent.ipynb
-    submitted: str  # the handed-in notebook to grade ("" when there is none)
-    template: str  # folder made by grader.author.release.generate: release/<assignment>/<notebook>
-    result: str  # where to write the Result JSON
-    feedback: str  # where to write the feedback HTML
-    timeout: int  # seconds per cell
-    sandbox: bool = True  # run the kernel in the sandbox (grader.kernel.sandbox)
-    problem: str = ""  # set by the collector when there is nothing to grade
-    notes: list[str] = field(default_factory=list)  # what collection noticed (renamed, extra files, …)
-    feedback_mode: str = "after-release"  # or "at-once": no hidden-test messages yet (grader/report/feedback.py)
-    lateness: dict = field(default_factory=dict)  # grader.collect.deadlines.Lateness, shown on the feedback page
-    canary_only: bool = False  # only check this worker's environment on the reference (before any student runs)
-
-
-@dataclass
-class Result:
-    """One row of grades.csv before formatting."""
-
-    student: str
-    assignment: str
-    scores: dict[str, float]
-    max_scores: dict[str, float]
-    status: list[str] = field(default_factory=list)
-    messages: dict[str, str] = field(default_factory=dict)  # test id -> what its failure says
-    mistakes: dict[str, str] = field(default_factory=dict)  # failed test id -> the known mistake (mutant) it matches
-    seconds: dict[str, float] = field(default_factory=dict)  # where grading spent its time (benchmarks/run.py)
-    broken: str = ""  # set when the grading environment failed its canary: no grade was given
-    answered: list[str] = field(default_factory=list)  # answer cells the student changed from the release
-    unanswered: list[str] = field(default_factory=list)  # failed tests whose answer still raised NotImplementedError
-    submitted_at: str = ""  # hand-in time as collection found it (timestamp.txt or the LMS zip)
-    lateness: dict = field(default_factory=dict)  # grader.collect.deadlines.Lateness ({} when no due date applies)
-    penalty: float = 0.0  # points the late policy took; grades.csv's total = sum(scores) - penalty
 
 
 def _load(path: Path) -> nbformat.NotebookNode:
@@ -164,16 +124,17 @@ def grade(spec: Spec) -> Result:
         result.broken = _canary(assignment, spec)
         return result
     if spec.problem or not spec.submitted:
-        result.status.append(spec.problem or "no notebook")
+        result.status.append(spec.problem or Note(NoteKind.MISSING, "no notebook"))
         return result
     try:
         submitted = _load(Path(spec.submitted))
     except Exception as exc:  # any unreadable file is a status, not a crash
-        result.status.append(f"invalid notebook: {type(exc).__name__}: {str(exc)[:200]}")
+        result.status.append(Note(NoteKind.INVALID, f"invalid notebook: {type(exc).__name__}: {str(exc)[:200]}"))
         return result
     rebuilt, tamper_notes = rebuild(submitted, released)
     result.status += tamper_notes
     result.answered = _answered(rebuilt, released)
+    result.answers = {gid: c.source for c in rebuilt.cells if (gid := cells.grade_id(c)) in result.answered}
 
     problem = _canary(assignment, spec)
     if problem:
@@ -193,10 +154,11 @@ def grade(spec: Spec) -> Result:
                          if step.test and not graded.verdicts[step.test].passed
                          and getattr(received(step.test, run, spec.timeout)[0], "error", None) == "NotImplementedError"]
     whys = {m.name: m.why for m in load_mutants(assignment)}
-    taken = penalty(sum(result.scores.values()), sum(max_scores.values()), spec.lateness) if spec.lateness else 0.0
+    settle(result, spec.lateness, spec.overrides)
     write_feedback(Path(spec.feedback), student=spec.student, assignment=spec.assignment, notebook=rebuilt,
                    graded=graded, status=result.status, mistakes={t: whys[n] for t, n in result.mistakes.items()},
-                   mode=spec.feedback_mode, late=spec.lateness.get("note", ""), penalty=taken)
+                   mode=spec.feedback_mode, late=spec.lateness.get("note", ""), penalty=result.penalty,
+                   overrides=result.overrides)
     spent = graded.seconds()
     result.seconds = {**spent, "judging": judged - started - sum(spent.values()), "feedback": time.monotonic() - judged}
     return result
@@ -210,18 +172,14 @@ def _answered(rebuilt: nbformat.NotebookNode, released: nbformat.NotebookNode) -
 
 def grade_to_file(spec_path: Path) -> None:
     """Grade the spec stored at `spec_path` and write its Result JSON atomically."""
-    spec = Spec(**json.loads(spec_path.read_text()))
+    spec = Spec.from_json(spec_path.read_text())
     try:
         result = grade(spec)
     except Exception as exc:  # a bug met by one odd hand-in is that hand-in's status, never the batch's
         traceback.print_exc()
-        result = Result(spec.student, spec.assignment, {}, {},
-                        [*spec.notes, f"grading failed: internal error {type(exc).__name__} (see the worker log)"])
-    out = Path(spec.result)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_suffix(".partial")
-    partial.write_text(json.dumps(asdict(result), indent=1))
-    partial.replace(out)  # an interrupted batch never leaves half a result
+        failed = Note(NoteKind.GRADER_ERROR, f"grading failed: internal error {type(exc).__name__} (see the worker log)")
+        result = Result(spec.student, spec.assignment, {}, {}, [*spec.notes, failed])
+    result.write(Path(spec.result))
 
 
 def main() -> int:

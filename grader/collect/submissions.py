@@ -24,6 +24,7 @@ from datetime import datetime
 from pathlib import Path, PurePosixPath
 
 from grader.course import Assignment
+from grader.results import Note, NoteKind, printable
 
 MAX_ZIP_BYTES = 2 * 2**30
 MAX_NOTEBOOK_BYTES = 128 * 2**20  # saved outputs make notebooks big; only the cells' sources are used
@@ -46,14 +47,9 @@ class Submission:
     student: str
     assignment: str
     notebook: Path | None = None  # the regular file to grade
-    notes: list[str] = field(default_factory=list)  # renamed, extra files, refused links …
-    problem: str = ""  # set when there is nothing to grade; the row says why
+    notes: list[Note] = field(default_factory=list)  # renamed, extra files, refused links …
+    problem: Note | None = None  # set when there is nothing to grade; the row says why
     submitted_at: str = ""  # ISO time from the LMS or timestamp.txt, when known
-
-
-def printable(text: str) -> str:
-    """`text` with control characters escaped, safe to print in a terminal or a status."""
-    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode() for ch in text)
 
 
 def slug(name: str) -> str:
@@ -163,10 +159,10 @@ def _place(part: tuple[str, ...], known: list[Assignment], content: Callable[[],
 
 # --- folders ----------------------------------------------------------------------------------------------
 
-def _entries(folder: Path) -> tuple[list[tuple[Path, os.stat_result]], list[str]]:
+def _entries(folder: Path) -> tuple[list[tuple[Path, os.stat_result]], list[Note]]:
     """Regular files and what else was found under `folder`, never following a link; bounded."""
     files: list[tuple[Path, os.stat_result]] = []
-    odd: list[str] = []
+    odd: list[Note] = []
     stack = [folder]
     seen = 0
     while stack:
@@ -175,19 +171,19 @@ def _entries(folder: Path) -> tuple[list[tuple[Path, os.stat_result]], list[str]
             for entry in listing:
                 seen += 1
                 if seen > MAX_ENTRIES:
-                    odd.append(f"more than {MAX_ENTRIES} files: the rest ignored")
+                    odd.append(Note(NoteKind.LIMIT_HIT, f"more than {MAX_ENTRIES} files: the rest ignored"))
                     return files, odd
                 info = entry.stat(follow_symlinks=False)
                 path = Path(entry.path)
                 if stat.S_ISLNK(info.st_mode):
-                    odd.append(f"link {printable(entry.name)} refused")
+                    odd.append(Note(NoteKind.REFUSED, f"link {printable(entry.name)} refused"))
                 elif stat.S_ISDIR(info.st_mode):
                     if entry.name != ".ipynb_checkpoints":
                         stack.append(path)
                 elif stat.S_ISREG(info.st_mode):
                     files.append((path, info))
                 else:
-                    odd.append(f"special file {printable(entry.name)} ignored")
+                    odd.append(Note(NoteKind.REFUSED, f"special file {printable(entry.name)} ignored"))
     return sorted(files), odd
 
 
@@ -196,7 +192,7 @@ def _hand_in(student: str, assignment: Assignment, folder: Path, known: list[Ass
     try:
         files, odd = _entries(folder)
     except OSError as exc:
-        sub.problem = f"could not read the hand-in folder: {type(exc).__name__}"
+        sub.problem = Note(NoteKind.REFUSED, f"could not read the hand-in folder: {type(exc).__name__}")
         return sub
     sub.notes += odd
     stamp = next((p for p, _ in files if p.name == TIMESTAMP_FILE and p.parent == folder), None)
@@ -212,31 +208,35 @@ def _hand_in(student: str, assignment: Assignment, folder: Path, known: list[Ass
     chosen = (exact or renamed or alone or by_content)[:1]
     if not chosen:
         names = ", ".join(printable(p.name) for p, _ in notebooks[:5]) or "no notebook"
-        sub.problem = f"missing notebook {assignment.notebook} (found: {names})"
+        sub.problem = Note(NoteKind.MISSING, f"missing notebook {assignment.notebook} (found: {names})")
         return sub
     path, info = chosen[0]
     if info.st_size > MAX_NOTEBOOK_BYTES:
-        sub.problem = (f"notebook too large: {printable(path.name)} is {info.st_size / 2**20:.0f} MB "
-                       f"(limit {MAX_NOTEBOOK_BYTES // 2**20} MB)")
+        sub.problem = Note(NoteKind.INVALID, f"notebook too large: {printable(path.name)} is {info.st_size / 2**20:.0f} MB "
+                                             f"(limit {MAX_NOTEBOOK_BYTES // 2**20} MB)")
         return sub
     other = assignment_in(_read_bounded(path), known)
     if other is not None and other.name != assignment.name:
-        sub.problem = f"foreign notebook: {printable(path.name)} is {other.name}'s (its metadata)"
+        sub.problem = Note(NoteKind.MISSING, f"foreign notebook: {printable(path.name)} is {other.name}'s (its metadata)")
         return sub
     sub.notebook = path
     if path.name != assignment.notebook:
         how = " (its metadata)" if by_content else ""
-        sub.notes.insert(0, f"renamed: graded {printable(path.name)} as {assignment.notebook}{how}")
+        sub.notes.insert(0, Note(NoteKind.RENAMED, f"renamed: graded {printable(path.name)} as {assignment.notebook}{how}"))
     others = [printable(p.name) for p, _ in files if p != path]
     if others:
         shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
-        sub.notes.append(f"extra files ignored: {shown}")
+        sub.notes.append(Note(NoteKind.EXTRA_FILES, f"extra files ignored: {shown}"))
     return sub
 
 
 def _folders(path: Path) -> list[os.DirEntry]:
     with os.scandir(path) as listing:
         return sorted((e for e in listing if not e.name.startswith(".")), key=lambda e: e.name)
+
+
+def _refused(student: str, assignment: str, why: str) -> Submission:
+    return Submission(student, assignment, problem=Note(NoteKind.REFUSED, why))
 
 
 def collect(root: Path, known: list[Assignment], only: str | None = None) -> list[Submission]:
@@ -248,33 +248,33 @@ def collect(root: Path, known: list[Assignment], only: str | None = None) -> lis
         student = slug(entry.name)
         if not student or student != entry.name:
             shown = student or f"unsafe-name-{abs(hash(entry.name)) % 10**8}"
-            found[(shown, "?")] = Submission(shown, only or "?", problem=f"refused: unsafe folder name {printable(entry.name)!r}")
+            found[(shown, "?")] = _refused(shown, only or "?", f"refused: unsafe folder name {printable(entry.name)!r}")
             continue
         if not entry.is_dir(follow_symlinks=False):
             if entry.is_symlink():
-                found[(student, "?")] = Submission(student, only or "?", problem="refused: the student folder is a link")
+                found[(student, "?")] = _refused(student, only or "?", "refused: the student folder is a link")
             continue
         students.append(student)
         try:
             folders = _folders(Path(entry.path))
         except OSError as exc:
-            found[(student, "?")] = Submission(student, only or "?", problem=f"could not read the folder: {type(exc).__name__}")
+            found[(student, "?")] = _refused(student, only or "?", f"could not read the folder: {type(exc).__name__}")
             continue
         for folder in folders:
             if only and folder.name != only:
                 continue
             if folder.is_symlink():
-                found[(student, folder.name)] = Submission(student, folder.name,
-                                                           problem="refused: the assignment folder is a link")
+                found[(student, folder.name)] = _refused(student, folder.name, "refused: the assignment folder is a link")
             elif not folder.is_dir(follow_symlinks=False):
                 continue
             elif folder.name not in by_name:
-                found[(student, folder.name)] = Submission(student, folder.name,
-                                                           problem=f"unknown assignment folder {printable(folder.name)!r}")
+                found[(student, folder.name)] = _refused(student, folder.name,
+                                                         f"unknown assignment folder {printable(folder.name)!r}")
             else:
                 found[(student, folder.name)] = _hand_in(student, by_name[folder.name], Path(folder.path), known)
     graded = {only} if only else {a for _, a in found if a in by_name}
+    nothing = Note(NoteKind.NO_SUBMISSION, "no submission")
     for student in students:
         for assignment in sorted(graded):
-            found.setdefault((student, assignment), Submission(student, assignment, problem="no submission"))
+            found.setdefault((student, assignment), Submission(student, assignment, problem=nothing))
     return [found[k] for k in sorted(found)]

@@ -30,6 +30,7 @@ from grader.judge.scenarios import scenarios
 from grader.kernel import harness
 from grader.kernel.harness import DIED, KILLED, NOT_RUN, OUTPUT_LIMIT, SKIPPED, TIMEOUT, Kernel, Step, StepRun
 from grader.paths import BUILD, KERNEL_PACKAGES, MUTANTS
+from grader.results import Note, NoteKind
 from labkit import cells
 
 REFERENCE_CACHE = BUILD / "reference-records"
@@ -143,27 +144,29 @@ def grade_notebook(nb: nbformat.NotebookNode, assignment: Assignment, new_kernel
     return graded
 
 
-def run_notes(graded: Graded) -> list[str]:
+def run_notes(graded: Graded) -> list[Note]:
     """Status notes for what went wrong while the notebook ran (timeouts, crashes, floods)."""
-    notes = []
+    notes: list[Note] = []
     for step, run in zip(graded.steps, graded.runs):
         where = f"test {step.test}" if step.test else step.label if step.label.startswith("cell ") else f"cell {step.label}"
         if run.failure in (TIMEOUT, KILLED):
-            notes.append(f"timeout in {where}" + (" (the kernel was stopped)" if run.failure == KILLED else ""))
+            notes.append(Note(NoteKind.TIMEOUT,
+                              f"timeout in {where}" + (" (the kernel was stopped)" if run.failure == KILLED else "")))
         elif run.failure == DIED:  # with the limit that killed it, when the sandbox knows
-            notes.append(f"kernel died in {where}" + (f" ({run.reason})" if run.reason else ""))
+            notes.append(Note(NoteKind.KERNEL_DIED, f"kernel died in {where}" + (f" ({run.reason})" if run.reason else "")))
         elif run.failure == OUTPUT_LIMIT:
-            notes.append(f"output too large in {where}")
+            notes.append(Note(NoteKind.LIMIT_HIT, f"output too large in {where}"))
         elif run.failure == NOT_RUN:
-            notes.append(f"not run: {where} (no kernel after repeated crashes)")
-        elif run.failure == SKIPPED and not any(n.startswith("skipped your cells") for n in notes):
-            notes.append(f"skipped your cells from {where} on: your own cells had used their time budget "
-                         "(answers and tests still ran)")
+            notes.append(Note(NoteKind.KERNEL_DIED, f"not run: {where} (no kernel after repeated crashes)"))
+        elif run.failure == SKIPPED and not any(n.kind == NoteKind.SKIPPED for n in notes):
+            notes.append(Note(NoteKind.SKIPPED, f"skipped your cells from {where} on: your own cells had used their "
+                                                "time budget (answers and tests still ran)"))
         elif run.error == "MemoryError" and step.by_student:
-            notes.append(f"out of memory in {where}")
+            notes.append(Note(NoteKind.LIMIT_HIT, f"out of memory in {where}"))
         elif step.test and len(run.payloads) != 1:
             # Something in the notebook got between the test and the grader: worth the instructor's look.
-            notes.append(f"interference in {where}: {'no result' if not run.payloads else 'more than one result'} came back")
+            came = "no result" if not run.payloads else "more than one result"
+            notes.append(Note(NoteKind.INTERFERENCE, f"interference in {where}: {came} came back"))
     return notes
 
 
@@ -174,7 +177,7 @@ def canary(assignment: Assignment, new_kernel: Callable[[], Kernel], timeout: fl
     failed = [v for v in graded.verdicts.values() if not v.passed]
     if not failed:
         return ""
-    notes = "; ".join(run_notes(graded))
+    notes = "; ".join(note.text for note in run_notes(graded))
     return (f"the reference solution of {assignment.name} does not earn full marks in this grading environment "
             f"({len(failed)} test(s) failed; first: {failed[0].message}){' — ' + notes if notes else ''}")
 

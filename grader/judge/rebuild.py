@@ -6,6 +6,7 @@ import copy
 
 import nbformat
 
+from grader.results import Note, NoteKind
 from labkit import cells
 
 # Metadata key the rebuilt notebook puts on cells the student added (code or prose).
@@ -14,7 +15,7 @@ ADDED = "tml_added_by_student"
 MAX_ADDED_CELLS = 500
 
 
-def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -> tuple[nbformat.NotebookNode, list[str]]:
+def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -> tuple[nbformat.NotebookNode, list[Note]]:
     """The released notebook with the student's answers and own cells put back in; plus what was tampered with.
 
     Locked cells, tests and their metadata always come from the release, so an edited, deleted,
@@ -75,7 +76,8 @@ def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -
                 notes.append(f"changed metadata of {grade_id} restored")
         kept.extend(extras.get(grade_id, []))
     rebuilt.cells = kept
-    status = [f"tampered: {n}" for n in notes]
+    status = [Note(NoteKind.TAMPERED, f"tampered: {n}") for n in notes]
     if added > MAX_ADDED_CELLS:
-        status.append(f"too many cells: only the first {MAX_ADDED_CELLS} of the {added} cells you added were run")
+        status.append(Note(NoteKind.LIMIT_HIT,
+                           f"too many cells: only the first {MAX_ADDED_CELLS} of the {added} cells you added were run"))
     return rebuilt, status

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import html
 import re
 from pathlib import Path
@@ -27,6 +28,8 @@ from grader.author import bootstrap
 from grader.judge.grading import Graded
 from grader.judge.rebuild import ADDED
 from grader.kernel.harness import StepRun
+from grader.report.page import html_page
+from grader.results import Note, points
 from labkit import cells
 
 MAX_TEXT_CHARS = 20_000  # per output shown
@@ -43,7 +46,6 @@ pre{background:#f6f6f6;padding:.6rem;overflow-x:auto;white-space:pre-wrap}
 .cell{margin:1rem 0}.label{font-size:.8rem;color:#555}.pass{color:#176b2c}.fail{color:#a4161a}
 .verdict{border-left:4px solid #999;padding:.3rem .8rem;margin:.4rem 0}.out{border-left:3px solid #ccc;padding-left:.5rem}
 """
-CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 
 
 def _text(value: object) -> str:
@@ -89,8 +91,8 @@ def _cells(notebook: nbformat.NotebookNode, graded: Graded, released: bool = Tru
         cell_kind, grade_id = cells.kind(cell), cells.grade_id(cell)
         if cell.cell_type == "markdown":
             # The release's prose is the course's own; a student's added prose is shown as text.
-            if cell.get("id") == bootstrap.MARKDOWN_ID:
-                continue  # the "Open in Colab" header: nothing to do with the grade
+            if cell.get("id") in (bootstrap.MARKDOWN_ID, bootstrap.HAND_IN_ID):
+                continue  # the "Open in Colab" header and the hand-in footer: nothing to do with the grade
             body = f"<pre>{_text(cell.source)}</pre>" if cell.metadata.get(ADDED) else _prose(cell.source)
             shown.append(f'<div class="cell">{body}</div>')
             continue
@@ -99,7 +101,7 @@ def _cells(notebook: nbformat.NotebookNode, graded: Graded, released: bool = Tru
         if cell_kind == cells.TEST:
             v = graded.verdicts.get(grade_id)
             verdict = ("" if v is None else
-                       f'<div class="verdict {"pass" if v.passed else "fail"}">{_points(v.points)} / {_points(v.max_points)} '
+                       f'<div class="verdict {"pass" if v.passed else "fail"}">{points(v.points)} / {points(v.max_points)} '
                        f'points{" — " + _text(v.message) if v.message and released else ""}</div>')
             shown.append(f'<div class="cell"><div class="label">test {html.escape(grade_id)} (as released; hidden '
                          f'tests ran at grading)</div><pre>{_text(cell.source)}</pre>{verdict}</div>')
@@ -129,10 +131,6 @@ def _builtin(name: str) -> str:
     return shown_error(name)
 
 
-def _points(value: float) -> str:
-    return f"{value:g}"
-
-
 def _verdict(v, mistakes: dict[str, str], released: bool) -> str:
     if v.passed:
         return "passed"
@@ -142,38 +140,51 @@ def _verdict(v, mistakes: dict[str, str], released: bool) -> str:
             + (f"<br><i>This looks like a known mistake: {_text(mistakes[v.test])}.</i>" if v.test in mistakes else ""))
 
 
+def _regraded(graded: Graded, overrides: dict[str, dict]) -> tuple[Graded, str]:
+    """The verdicts with the instructor's overrides in place (Result.overrides, from grader/collect/deadlines.py's
+    `settle`), and the page's line that says so ("" when there are none)."""
+    if not overrides:
+        return graded, ""
+    verdicts = {test: dataclasses.replace(v, points=overrides[test]["points"]) if test in overrides else v
+                for test, v in graded.verdicts.items()}
+    said = "; ".join(f"{html.escape(test)}: {points(o['graded'])} → {points(o['points'])} points — {_text(o['reason'])}"
+                     for test, o in overrides.items())
+    return dataclasses.replace(graded, verdicts=verdicts), f"<p><b>Regraded by hand:</b> {said}.</p>"
+
+
 def write_feedback(path: Path, *, student: str, assignment: str, notebook: nbformat.NotebookNode, graded: Graded,
-                   status: list[str], mistakes: dict[str, str] | None = None, mode: str = "after-release",
-                   late: str = "", penalty: float = 0.0) -> None:
+                   status: list[Note], mistakes: dict[str, str] | None = None, mode: str = "after-release",
+                   late: str = "", penalty: float = 0.0, overrides: dict[str, dict] | None = None) -> None:
     """Write the feedback page for one graded submission; `mistakes`: test → the known mistake it looks like.
 
     `mode` is "after-release" (messages and known mistakes shown) or "at-once" (points per test only);
-    `late` says how late the hand-in was ("" when on time) and `penalty` the points that cost.
+    `late` says how late the hand-in was ("" when on time) and `penalty` the points that cost;
+    `overrides` the exercises the instructor regraded by hand (`_regraded`).
     """
     if mode not in MODES:
         raise ValueError(f"feedback mode {mode!r}: must be one of {', '.join(MODES)}")
+    graded, regraded = _regraded(graded, overrides or {})
     released = mode == "after-release"
     total = sum(v.points for v in graded.verdicts.values())
     maximum = sum(v.max_points for v in graded.verdicts.values())
     mistakes = mistakes or {}
     rows = "".join(
-        f'<tr><td>{html.escape(v.test)}</td><td class="{"pass" if v.passed else "fail"}">{_points(v.points)} / '
-        f"{_points(v.max_points)}</td><td>{_verdict(v, mistakes, released)}</td></tr>"
+        f'<tr><td>{html.escape(v.test)}</td><td class="{"pass" if v.passed else "fail"}">{points(v.points)} / '
+        f"{points(v.max_points)}</td><td>{_verdict(v, mistakes, released)}</td></tr>"
         for v in graded.verdicts.values())
-    notes = "".join(f"<li>{_text(note)}</li>" for note in status) or "<li>ok</li>"
+    notes = "".join(f"<li>{_text(note.text)}</li>" for note in status) or "<li>ok</li>"
     body = "".join(_cells(notebook, graded, released))
     held = "" if released else f"<p><i>Points per test only: {HELD_BACK}.</i></p>"
     late_line = (f"<p><b>Late:</b> {_text(late)}"
-                 + (f" — {_points(penalty)} points taken: <b>{_points(round(total - penalty, 2))} / {_points(maximum)}</b> "
+                 + (f" — {points(penalty)} points taken: <b>{points(round(total - penalty, 2))} / {points(maximum)}</b> "
                     "after the penalty" if penalty else "") + ".</p>") if late else ""
-    page = (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-            f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
-            f"<title>{html.escape(assignment)} — feedback for {html.escape(student)}</title><style>{STYLE}</style></head>"
-            f"<body><h1>{html.escape(assignment)}</h1><p>Feedback for <b>{html.escape(student)}</b>: "
-            f"<b>{_points(total)} / {_points(maximum)}</b> points{' before the late penalty' if penalty else ''}.</p>"
-            f"{late_line}{held}"
-            f"<table><tr><th>test</th><th>points</th><th>verdict</th></tr>{rows}</table>"
-            f"<h2>Notes</h2><ul>{notes}</ul><h2>Your notebook, as graded</h2>{body}</body></html>")
+    page = html_page(
+        f"{assignment} — feedback for {student}", STYLE,
+        f"<h1>{html.escape(assignment)}</h1><p>Feedback for <b>{html.escape(student)}</b>: "
+        f"<b>{points(total)} / {points(maximum)}</b> points{' before the late penalty' if penalty else ''}.</p>"
+        f"{regraded}{late_line}{held}"
+        f"<table><tr><th>test</th><th>points</th><th>verdict</th></tr>{rows}</table>"
+        f"<h2>Notes</h2><ul>{notes}</ul><h2>Your notebook, as graded</h2>{body}")
     if len(page) > MAX_PAGE_CHARS:
         page = page[:MAX_PAGE_CHARS - 200] + "<p>… the rest of this page was cut: it was too large.</p></body></html>"
     path.parent.mkdir(parents=True, exist_ok=True)

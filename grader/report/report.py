@@ -7,7 +7,9 @@ script, nothing fetched (its Content-Security-Policy forbids both) — and repor
 - per exercise: the mean, how many hand-ins earned full / partial / zero points, a discrimination index,
   and why the others failed: each known mistake (grader/mutants/*.toml) with its count and share, "not answered"
   (the stub still raised NotImplementedError) and "unrecognised" (a failure no known mistake explains);
-- status counts (ok, tampered, timeout, …) with the students listed, and a "look at these" list.
+- status counts (ok, tampered, timeout, …) with the students listed, and a "look at these" list;
+- similar hand-ins: pairs whose answer cells share more code than honest answers do, with the shared lines
+  (grader/report/similarity.py; never a grade change).
 
 Statistics count *graded hand-ins*: rows where a notebook was graded (not "no submission", "missing
 notebook", "invalid notebook", refused or unknown folders). The discrimination index is the item–rest
@@ -29,41 +31,15 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import cast
 
+from grader.report.page import html_page
+from grader.report.similarity import similarity
+from grader.results import Note, NoteKind, points
+
 DISCRIMINATION = ("item–rest correlation: Pearson's r between the exercise's points and the rest of the hand-in's "
                   "points (raw total less this exercise) over graded hand-ins — the point-biserial correlation for an "
                   "all-or-nothing exercise; empty when either has no spread")
-# Status notes (grader/batch/autograde.py, worker.py, grading.py, rebuild.py, submissions.py) by what they start with.
-CATEGORIES = [
-    ("no submission", "no submission"),
-    ("missing notebook", "missing"),
-    ("invalid notebook", "invalid"),
-    ("notebook too large", "invalid"),
-    ("refused", "refused"),
-    ("unknown assignment folder", "refused"),
-    ("could not read", "refused"),
-    ("tampered", "tampered"),
-    ("unknown cell", "tampered"),
-    ("interference in", "interference"),
-    ("timeout in", "timeout"),
-    ("kernel died in", "kernel died"),
-    ("not run:", "kernel died"),
-    ("output too large", "limit hit"),
-    ("out of memory", "limit hit"),
-    ("too many cells", "limit hit"),
-    ("more than", "limit hit"),
-    ("grading stopped after", "limit hit"),
-    ("grader process died", "grader error"),
-    ("grading failed", "grader error"),
-    ("renamed", "renamed"),
-    ("extra files ignored", "extra files"),
-    ("link ", "refused"),
-    ("special file", "refused"),
-]
-ORDER = ["ok", "tampered", "interference", "timeout", "kernel died", "limit hit", "invalid", "missing", "no submission",
-         "refused", "grader error", "renamed", "extra files", "other"]
-NOT_GRADED = {"no submission", "missing", "invalid", "refused"}
-LOOK_AT = {"tampered", "interference", "timeout", "kernel died", "limit hit", "grader error"}
-CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+# The status table's rows: "ok", then every kind of note in NoteKind's order.
+ORDER = ["ok", *(kind.value for kind in NoteKind)]
 STYLE = """
 body{font-family:system-ui,sans-serif;max-width:72rem;margin:2rem auto;padding:0 1rem;color:#111}
 table{border-collapse:collapse;margin:.5rem 0 1rem}\
@@ -73,21 +49,12 @@ details{margin:.2rem 0}summary{cursor:pointer}
 """
 
 
-def category(note: str) -> str:
-    """The status category of one status note ("other" when none fits)."""
-    return next((cat for prefix, cat in CATEGORIES if note.startswith(prefix)), "other")
-
-
 def _raw_total(r: dict) -> float:
     return sum(r.get("scores", {}).values())
 
 
 def _total(r: dict) -> float:
     return round(_raw_total(r) - r.get("penalty", 0.0), 6)
-
-
-def _points(value: float) -> str:
-    return f"{value:g}"
 
 
 def _who(r: dict) -> str:
@@ -123,17 +90,19 @@ def analyse(results: list[dict]) -> dict:
     by_assignment: dict[str, list[dict]] = defaultdict(list)
     graded_rows: dict[str, list[dict]] = defaultdict(list)
     for r in results:
-        notes = r.get("status", [])
-        cats = sorted({category(n) for n in notes}, key=ORDER.index) or ["ok"]
-        for cat in cats:
-            status[cat].append(_who(r) + (": " + "; ".join(n for n in notes if category(n) == cat) if cat != "ok" else ""))
+        notes = [Note.from_json(n) for n in r.get("status", [])]
+        kinds = sorted({n.kind for n in notes}, key=list(NoteKind).index)
+        for kind in kinds:
+            status[kind.value].append(_who(r) + ": " + "; ".join(n.text for n in notes if n.kind == kind))
+        if not kinds:
+            status["ok"].append(_who(r))
         by_assignment[r["assignment"]].append(r)
-        graded = r.get("max_scores") and not NOT_GRADED & set(cats)
+        graded = r.get("max_scores") and all(kind.graded for kind in kinds)
         if graded:
             graded_rows[r["assignment"]].append(r)
         for note in notes:
-            if category(note) in LOOK_AT:
-                look_at.append({"student": r["student"], "assignment": r["assignment"], "why": note})
+            if note.kind.look_at:
+                look_at.append({"student": r["student"], "assignment": r["assignment"], "why": note.text})
         if graded and _raw_total(r) == 0 and r.get("answered"):
             look_at.append({"student": r["student"], "assignment": r["assignment"],
                             "why": f"zero points after a non-blank hand-in ({len(r['answered'])} answer cell(s) changed)"})
@@ -152,6 +121,7 @@ def analyse(results: list[dict]) -> dict:
         "assignments": assignments,
         "status": {c: {"count": len(v), "students": v} for c, v in status.items() if v},
         "look_at": look_at,
+        "similarity": similarity(results),
     }
 
 
@@ -160,9 +130,9 @@ def _assignment(rows: list[dict], maxima: dict[str, float], row_count: int, whys
     max_total = sum(maxima.values())
     exercises = {}
     for test, top in maxima.items():
-        points = [r["scores"].get(test, 0.0) for r in rows]
-        rest = [_raw_total(r) - p for r, p in zip(rows, points)]
-        failed = [r for r, p in zip(rows, points) if p < top]
+        earned = [r["scores"].get(test, 0.0) for r in rows]
+        rest = [_raw_total(r) - p for r, p in zip(rows, earned)]
+        failed = [r for r, p in zip(rows, earned) if p < top]
         named: dict[str, list[str]] = defaultdict(list)
         unanswered, unrecognised = [], []
         for r in failed:
@@ -175,11 +145,11 @@ def _assignment(rows: list[dict], maxima: dict[str, float], row_count: int, whys
                 unrecognised.append(r["student"])
         exercises[test] = {
             "max": top,
-            "mean": round(sum(points) / len(points), 3) if points else None,
-            "full": sum(p == top for p in points),
-            "partial": sum(0 < p < top for p in points),
-            "zero": sum(p == 0 for p in points),
-            "discrimination": _pearson(points, rest),
+            "mean": round(sum(earned) / len(earned), 3) if earned else None,
+            "full": sum(p == top for p in earned),
+            "partial": sum(0 < p < top for p in earned),
+            "zero": sum(p == 0 for p in earned),
+            "discrimination": _pearson(earned, rest),
             "misconceptions": [{"mistake": m, "why": whys.get(m, ""), "count": len(s),
                                 "share": round(len(s) / len(rows), 3), "students": s}
                                for m, s in sorted(named.items(), key=lambda kv: (-len(kv[1]), kv[0]))],
@@ -306,8 +276,8 @@ def render(data: dict) -> str:
             parts.append(f"<p>{a['rows']} rows, no graded hand-in.</p>")
             continue
         histogram, outcomes = _figures(name, a)
-        parts.append(f"<p>{a['graded']} graded hand-ins of {a['rows']} rows; mean total {_points(a['mean_total'])}, "
-                     f"median {_points(a['median_total'])} of {_points(a['max_total'])}.</p>"
+        parts.append(f"<p>{a['graded']} graded hand-ins of {a['rows']} rows; mean total {points(a['mean_total'])}, "
+                     f"median {points(a['median_total'])} of {points(a['max_total'])}.</p>"
                      f'<img alt="histogram of the totals of {_e(name)}" src="{histogram}">'
                      f'<img alt="full, partial and zero points per exercise of {_e(name)}" src="{outcomes}">')
         rows = []
@@ -320,7 +290,7 @@ def render(data: dict) -> str:
                     why += (f"<li>{x[key]['count']} × {label} <span class=muted>({_students(x[key]['students'])})"
                             "</span></li>")
             disc = "—" if x["discrimination"] is None else f"{x['discrimination']:.2f}"
-            rows.append(f"<tr><td>{_e(test)}</td><td class=n>{_points(x['max'])}</td><td class=n>{x['mean']:.2f}</td>"
+            rows.append(f"<tr><td>{_e(test)}</td><td class=n>{points(x['max'])}</td><td class=n>{x['mean']:.2f}</td>"
                         f"<td class=n>{x['full']}</td><td class=n>{x['partial']}</td><td class=n>{x['zero']}</td>"
                         f"<td class=n>{disc}</td><td><ul>{why}</ul></td></tr>")
         parts.append("<table><tr><th>exercise</th><th>points</th><th>mean</th><th>full</th><th>partial</th><th>zero</th>"
@@ -330,15 +300,38 @@ def render(data: dict) -> str:
         late = a["lateness"]
         if late["with_due_date"]:
             parts.append(f"<h3>Lateness</h3><p>{late['with_due_date']} graded hand-ins had a due date; {late['late']} came "
-                         f"after it, {late['penalised']} lost points ({_points(late['points_taken'])} in all).</p>")
+                         f"after it, {late['penalised']} lost points ({points(late['points_taken'])} in all).</p>")
             if late["students"]:
                 parts.append("<table><tr><th>student</th><th>late by (h)</th><th>penalty</th><th>why</th></tr>" + "".join(
-                    f"<tr><td>{_e(s['student'])}</td><td class=n>{_points(s['late_by_h'])}</td>"
-                    f"<td class=n>{_points(s['penalty'])}</td><td>{_e(s['note'])}</td></tr>" for s in late["students"])
+                    f"<tr><td>{_e(s['student'])}</td><td class=n>{points(s['late_by_h'])}</td>"
+                    f"<td class=n>{points(s['penalty'])}</td><td>{_e(s['note'])}</td></tr>" for s in late["students"])
                     + "</table>")
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-            f'<meta http-equiv="Content-Security-Policy" content="{CSP}"><title>Class report</title>'
-            f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>")
+    parts.append(_similar(data["similarity"]))
+    return html_page("Class report", STYLE, "".join(parts))
+
+
+def _similar(data: dict) -> str:
+    """The similar pairs of each assignment, with the lines each side shares (escaped)."""
+    t = data["thresholds"]
+    head = (f"<h2>Similar hand-ins</h2><p class=muted>Answer cells compared by {_e(data['method'])}. A pair is listed "
+            f"when it shares at least {t['share']:.0%} of the smaller hand-in's fingerprints and {t['min_tokens']} tokens "
+            f"of code ({t['k_tokens']}-token k-grams, window {t['window']}; {_e(t['common'])}). Grades are not changed: "
+            "read the pair side by side.</p>")
+    rows = []
+    for name, a in data["assignments"].items():
+        for pair in a["pairs"]:
+            shared = "".join(f"<details><summary>{_e(c['cell'])}</summary><table><tr><th>{_e(pair['students'][0])}</th>"
+                             f"<th>{_e(pair['students'][1])}</th></tr><tr><td><pre>{_e(chr(10).join(c['lines'][0]))}"
+                             f"</pre></td><td><pre>{_e(chr(10).join(c['lines'][1]))}</pre></td></tr></table></details>"
+                             for c in pair["cells"])
+            rows.append(f"<tr><td>{_e(name)}</td><td>{_e(' and '.join(pair['students']))}</td>"
+                        f"<td class=n>{pair['similarity']:.0%}</td><td class=n>{pair['shared_tokens']}</td>"
+                        f"<td>{shared}</td></tr>")
+    if not rows:
+        compared = ", ".join(f"{a['compared']} of {_e(n)}" for n, a in data["assignments"].items()) or "none"
+        return head + f"<p>No pair above the threshold (hand-ins compared: {compared}).</p>"
+    return head + ("<table><tr><th>assignment</th><th>hand-ins</th><th>shared fingerprints</th><th>shared tokens</th>"
+                   "<th>shared lines</th></tr>" + "".join(rows) + "</table>")
 
 
 def write_report(graded: Path, out: Path | None = None) -> Path:

@@ -1,4 +1,4 @@
-"""The instructor command line: release, check, autograde, report, export, merge, gradescope."""
+"""The instructor command line: release, check, edition, autograde, report, export, merge, gradescope."""
 
 from __future__ import annotations
 
@@ -155,15 +155,26 @@ def _selftest(args: argparse.Namespace) -> int:
     return 1 if problems or cribbed else 0
 
 
-def _bundle(args: argparse.Namespace) -> int:
-    from grader.author.bundle import bundle, bundle_leaks
+def _edition(args: argparse.Namespace) -> int:
+    from grader.author.bootstrap import settings
+    from grader.author.edition import EditionRefused, commit_and_tag, warnings_for, write_edition
 
-    files = bundle(args.out)
-    leaks = bundle_leaks(args.out)
-    for leak in leaks:
-        print(f"✗ leaked into the bundle: {leak}")
-    print(f"wrote {len(files)} files to {args.out}" + (f"; {len(leaks)} leak(s) — do not publish" if leaks else ""))
-    return 1 if leaks else 0
+    s = settings()
+    for warning in warnings_for(s):
+        print(f"warning: {warning}", file=sys.stderr)
+    try:
+        files = write_edition(args.out)
+        tag = commit_and_tag(args.out) if args.git else None
+    except EditionRefused as err:
+        print(f"no edition written: {err}", file=sys.stderr)
+        return 1
+    size = sum(p.stat().st_size for p in files)
+    print(f"wrote the student edition ({len(files)} files, {size / 2**20:.1f} MiB) to {args.out}")
+    if tag:
+        print(f"a git repository with the tag {tag}; publish it (public) with:\n"
+              f"  git -C {args.out} remote add origin {s.repository}.git  # once\n"
+              f"  git -C {args.out} push origin main {tag}")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -214,9 +225,13 @@ def build_parser() -> argparse.ArgumentParser:
                             help="hidden tests' messages shown after the due date (default) or points only, at once")
     gradescope.add_argument("--timeout", type=int, default=30, help="seconds per cell (default 30)")
     gradescope.set_defaults(run=_gradescope)
-    student_bundle = commands.add_parser("bundle", help="write what students receive (no solutions, hidden tests or mutants)")
-    student_bundle.add_argument("out", type=Path, help="a new folder")
-    student_bundle.set_defaults(run=_bundle)
+    edition = commands.add_parser("edition", aliases=["bundle"],
+                                  help="write the student edition: notebooks, helpers, its own README, pyproject and "
+                                       "course script; no solutions, hidden tests, grader or mutants")
+    edition.add_argument("out", type=Path, help="a new folder, or a git clone of an earlier edition (with --git)")
+    edition.add_argument("--git", action="store_true",
+                         help="commit it and tag it with the release tag of [tool.training-mechanics-lab] student-edition")
+    edition.set_defaults(run=_edition)
     selftest = commands.add_parser("selftest", help="grade reference, blank, mutant and crib submissions; fail on any surprise")
     selftest.add_argument("assignments", nargs="*", help="only these (default: all)")
     selftest.add_argument("--jobs", type=int, default=os.cpu_count())

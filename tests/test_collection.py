@@ -50,6 +50,48 @@ def test_canvas_students_are_keyed_by_user_id_and_re_uploads_are_graded(tmp_path
     assert not (tmp_path / "escape.ipynb").exists()
 
 
+def _with_assignment(assignment_name):
+    nb = reference_submission(A)
+    nb.metadata["tml"] = {"assignment": assignment_name}
+    return nbformat.writes(nb)
+
+
+def test_colab_kaggle_and_student_names_are_graded_as_their_assignment_without_being_told(tmp_path):
+    """A zip for two assignments: names Colab, Kaggle and students give, and one the notebook's metadata decides."""
+    two = assignments()[2]
+    notebook = nbformat.writes(reference_submission(A))
+    archive = _zip(tmp_path / "class.zip", {
+        f"adalovelace_1001_2001_Copy of {ONE}.ipynb": notebook,  # Colab: File → Download of a saved copy
+        "babbagecharles_1002_2002_01-gradient-descent.ipynb": notebook,  # Kaggle: `-` for `_`
+        "hopper_1003_2003_homework final.ipynb": notebook,  # the student's own name: its metadata says 01
+        f"curie_1004_2004_{two.notebook}": nbformat.writes(reference_submission(two)),
+        "noether_1005_2005_broken.ipynb": "{not json",  # unreadable: no assignment to put it in
+    })
+    found = _found(unpack_zip(archive, tmp_path / "unpacked", assignments()))
+    for student, name in (("adalovelace_1001", f"Copy-of-{ONE}.ipynb"), ("babbagecharles_1002", "01-gradient-descent.ipynb"),
+                          ("hopper_1003", "homework-final.ipynb")):
+        assert found[student, ONE].notes == [Note(NoteKind.RENAMED, f"renamed: graded {name} as {ONE}.ipynb")]
+    assert all(found[s, ONE].notebook and not found[s, ONE].problem for s in ("adalovelace_1001", "babbagecharles_1002",
+                                                                              "hopper_1003"))
+    assert found["curie_1004", two.name].notebook is not None
+    assert found["noether_1005", "unmatched-upload"].problem.text.startswith("unknown assignment folder")
+
+
+def test_a_foreign_or_unreadable_notebook_gets_a_status(tmp_path):
+    root = tmp_path / "class"
+    for student, text in (("ann", _with_assignment(assignments()[2].name)), ("ben", "\x00\xff not a notebook"),
+                          ("cat", _with_assignment(ONE))):
+        (root / student / ONE).mkdir(parents=True)
+        (root / student / ONE / A.notebook).write_text(text)
+    (root / "cat" / ONE / "notes.ipynb").write_text("{}")
+    (root / "cat" / ONE / A.notebook).rename(root / "cat" / ONE / "mine.ipynb")  # two notebooks, neither named 01
+    found = _found(root)
+    assert found["ann", ONE].problem == Note(NoteKind.MISSING,
+                                             f"foreign notebook: {A.notebook} is {assignments()[2].name}'s (its metadata)")
+    assert found["ben", ONE].notebook is not None and not found["ben", ONE].problem  # the worker says "invalid notebook"
+    assert found["cat", ONE].notes[0] == Note(NoteKind.RENAMED, f"renamed: graded mine.ipynb as {ONE}.ipynb (its metadata)")
+
+
 def test_moodle_folders_are_understood(tmp_path):
     archive = _zip(tmp_path / "moodle.zip", {
         f"Ann Lee_4411_assignsubmission_file_/{ONE}.ipynb": nbformat.writes(reference_submission(A)),
@@ -119,3 +161,20 @@ def test_spreadsheet_formulas_and_terminal_codes_are_neutralised(tmp_path):
     assert "\x1b" not in (tmp_path / "grades.csv").read_text()
     assert rows[0][-1] == "'-2"
     assert csv_cell("ok") == "ok" and printable("a\x1b[2Jb\n") == "a\\x1b[2Jb\\n"
+
+
+@pytest.mark.slow
+def test_colab_and_kaggle_downloads_in_an_lms_zip_are_graded_without_assignment(tmp_path):
+    setup = assignments()[0]  # a second assignment in the zip, so that no "only assignment" rule applies
+    notebook = nbformat.writes(reference_submission(A))
+    archive = _zip(tmp_path / "class.zip", {
+        f"adalovelace_1001_2001_Copy of {ONE}.ipynb": notebook,
+        "babbagecharles_1002_2002_01-gradient-descent.ipynb": notebook,
+        f"curie_1004_2004_{setup.notebook}": nbformat.writes(nbformat.read(setup.release, as_version=4)),
+    })
+    autograde(archive, tmp_path / "out", "--timeout", "20")
+    rows = read_rows(tmp_path / "out")
+    for student, name in (("adalovelace_1001", f"Copy-of-{ONE}.ipynb"), ("babbagecharles_1002", "01-gradient-descent.ipynb")):
+        points, status = rows[student, ONE][:2]
+        assert sum(points.values()) == sum(A.grade_cells().values()) and status == f"renamed: graded {name} as {A.notebook}"
+    assert ("curie_1004", setup.name) in rows

@@ -305,7 +305,9 @@ def _warm_up(workers: list[WorkerProcess], pending: list[tuple[Spec, float]]) ->
             probe = dataclasses.replace(first, student="", canary_only=True,
                                         result=str(Path(first.result).parent.parent / f".canary-{id(worker)}.json"))
             result = worker.grade(probe, wall)
-            problem = result.broken or ("" if result.max_scores else status_text(result.status))  # the worker died
+            # the worker died or ran out of time (an assignment without tests, like 00, also has no max_scores)
+            died = not result.max_scores and any(n.kind in (NoteKind.GRADER_ERROR, NoteKind.LIMIT_HIT) for n in result.status)
+            problem = result.broken or (status_text(result.status) if died else "")
             if problem:
                 return problem
         return ""

@@ -83,3 +83,10 @@ def test_runs_a_notebook_and_prints_the_table_on_a_cpu(tmp_path):
                                          ["released", "01_gradient_descent", "ran"]], run.stdout
     assert "2 of 2 runs ran to the end" in run.stdout
     assert (tmp_path / "none" / "released-01_gradient_descent.ipynb").exists()
+
+
+def test_compile_deep_dive_is_opt_in_with_a_longer_cell_timeout(monkeypatch):
+    monkeypatch.delenv("TML_COMPILE", raising=False)
+    assert gpu_check.cell_timeout() == gpu_check.CELL_TIMEOUT_S
+    monkeypatch.setenv("TML_COMPILE", "1")  # what --compile sets for every child and kernel
+    assert gpu_check.cell_timeout() == gpu_check.COMPILE_CELL_TIMEOUT_S > gpu_check.CELL_TIMEOUT_S

@@ -189,11 +189,12 @@ PRECISION_ROW = re.compile(r"^\s*(cpu|cuda(?::\d+)?)\s*\|\s*([^|]*?(?:fp32|bf16|
 
 
 def figures_06(path: str | Path) -> list[str]:
-    """The precision table's rows (device, setting, the rest of the row) and the bf16 support line."""
+    """The precision table's rows (device, setting, the rest of the row) and the bf16 and TF32 support lines."""
     text = "\n".join(stream_text(path).values())
     lines = []
-    support = re.search(r"^bf16 on .*$", text, re.M)
-    lines.append(support.group(0).strip() if support else "bf16 support line: not found")
+    for line, what in ((r"^bf16 on .*$", "bf16 support line"), (r"^TF32 on .*$", "TF32 support line")):
+        found = re.search(line, text, re.M)
+        lines.append(found.group(0).strip() if found else f"{what}: not found")
     rows = PRECISION_ROW.findall(text)
     if not rows:
         return lines + ["precision table: not found"]

@@ -86,6 +86,21 @@ def tf32_matmuls(enabled: bool) -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
+@contextlib.contextmanager
+def single_thread() -> Iterator[None]:
+    """Run the block on one CPU thread, then restore torch's thread count (notebook 06).
+
+    Small steps spend more time starting and joining threads than computing, and on a CPU that other programs
+    share, waiting threads stretch every tiny operation; one thread is faster there and gives steadier timings.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def make_mlp(width: int = 256, depth: int = 3, d_in: int = 64, d_out: int = 10, seed: int = 0) -> nn.Sequential:
     """A seeded ReLU MLP with LayerNorm, the model every precision measurement trains (notebook 06)."""
     torch.manual_seed(seed)

@@ -14,6 +14,7 @@ from helpers.precision import (
     bf16_support,
     make_mlp,
     measure_precision,
+    single_thread,
     synchronize,
     tf32_matmuls,
     tf32_support,
@@ -101,3 +102,13 @@ def test_tf32_support_reads_the_compute_capability(monkeypatch, capability, expe
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     assert tf32_support(torch.device("cuda")) == expected
     assert tf32_support(CPU) == "cpu"
+
+
+def test_single_thread_restores_the_thread_count():
+    before = torch.get_num_threads()
+    with single_thread():
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError), single_thread():
+        raise RuntimeError("restored on errors too")
+    assert torch.get_num_threads() == before

@@ -23,6 +23,8 @@ import pytest
 from grader.judge.grading import Graded, run_notes
 from grader.kernel import harness, kernelspec, limits, sandbox
 from grader.kernel.harness import DIED, KILLED, Step, StepRun
+from grader.paths import KERNEL_PACKAGES
+from grader.results import Note, NoteKind
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
@@ -190,7 +192,7 @@ for fd in map(int, os.listdir("/proc/self/fd")):
 
 def test_read_only_everywhere_but_its_scratch_space(start, server):
     kernel = start()
-    targets = ["/usr", "/etc", sys.prefix, str(sandbox.HELPERS), "/", "/dev", str(latest_folder(server))]
+    targets = ["/usr", "/etc", sys.prefix, *map(str, KERNEL_PACKAGES), "/", "/dev", str(latest_folder(server))]
     result = ask(kernel, ATTEMPT + f"""
 targets = {targets!r}
 result = {{t: attempt(lambda: write(os.path.join(t, "planted"))) for t in targets}}
@@ -368,7 +370,7 @@ def test_the_status_names_the_limit_that_killed_the_kernel():
     steps = [Step("setup", "x = 1", by_student=False)]
     runs = [StepRun(failure=DIED, reason="memory limit: its processes held 1.10 GiB together")]
     assert run_notes(Graded(steps, runs, {})) == [
-        "kernel died in cell setup (memory limit: its processes held 1.10 GiB together)"]
+        Note(NoteKind.KERNEL_DIED, "kernel died in cell setup (memory limit: its processes held 1.10 GiB together)")]
 
 
 def test_cgroup_v2_files(tmp_path):
@@ -425,7 +427,7 @@ def test_attacks_hold_for_an_unprivileged_grader():
                "PYTHONDONTWRITEBYTECODE": "1", UNPRIVILEGED_RUN: "1", "LANG": os.environ.get("LANG", "C.UTF-8")}
         if "CI" in os.environ:
             env["CI"] = os.environ["CI"]
-        install = "from grader import kernelspec; kernelspec.install_kernelspec()"
+        install = "from grader.kernel import kernelspec; kernelspec.install_kernelspec()"
         script = (f'"$0" -c "{install}" && exec "$0" -m pytest -p no:cacheprovider -q -x '
                   f'--basetemp={folder / "pytest"} {Path(__file__)}')
         done = subprocess.run(_nobody("/bin/sh", "-c", script, python), cwd=REPO, env=env, capture_output=True,

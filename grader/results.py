@@ -27,6 +27,7 @@ class NoteKind(Enum):
     GRADER_ERROR = "grader error"  # the grader itself failed on this hand-in (see the worker log)
     RENAMED = "renamed"  # graded under another file name than the release's
     EXTRA_FILES = "extra files"  # files beside the notebook, ignored
+    TIME_IGNORED = "time ignored"  # the upload carried its own hand-in time (timestamp.txt); the LMS's was used
 
     @property
     def graded(self) -> bool:
@@ -37,7 +38,7 @@ class NoteKind(Enum):
     def look_at(self) -> bool:
         """Whether the report lists the row under "look at these" (an instructor should read the hand-in)."""
         return self in (NoteKind.TAMPERED, NoteKind.INTERFERENCE, NoteKind.TIMEOUT, NoteKind.KERNEL_DIED,
-                        NoteKind.LIMIT_HIT, NoteKind.SKIPPED, NoteKind.GRADER_ERROR)
+                        NoteKind.LIMIT_HIT, NoteKind.SKIPPED, NoteKind.GRADER_ERROR, NoteKind.TIME_IGNORED)
 
 
 @dataclass(frozen=True)

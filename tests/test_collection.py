@@ -119,3 +119,38 @@ def test_spreadsheet_formulas_and_terminal_codes_are_neutralised(tmp_path):
     assert "\x1b" not in (tmp_path / "grades.csv").read_text()
     assert rows[0][-1] == "'-2"
     assert csv_cell("ok") == "ok" and printable("a\x1b[2Jb\n") == "a\\x1b[2Jb\\n"
+
+
+def test_a_timestamp_in_the_upload_never_sets_the_hand_in_time(tmp_path):
+    """The forger's own timestamp.txt (in each LMS layout) is ignored and named; the zip's time counts for both."""
+    notebook = nbformat.writes(reference_submission(A))
+    when = (2030, 1, 20, 9, 30, 0)
+    members = {
+        f"forger_1234_5678_{ONE}.ipynb": notebook, "forger_1234_5678_timestamp.txt": "2000-01-01 00:00:00",
+        f"honest_1235_5679_{ONE}.ipynb": notebook,
+        f"Fay Forge_77_assignsubmission_file_/{ONE}.ipynb": notebook,
+        "Fay Forge_77_assignsubmission_file_/timestamp.txt": "2000-01-01 00:00:00",
+        f"ann/{ONE}/{A.notebook}": notebook, f"ann/{ONE}/timestamp.txt": "2000-01-01 00:00:00",
+    }
+    with zipfile.ZipFile(tmp_path / "lms.zip", "w") as zf:
+        for name, text in members.items():
+            zf.writestr(zipfile.ZipInfo(name, date_time=when), text)
+    found = _found(unpack_zip(tmp_path / "lms.zip", tmp_path / "unpacked", assignments()))
+    stamp = "2030-01-20T09:30:00"
+    for student in ("forger_1234", "Fay-Forge_77", "ann"):
+        sub = found[student, ONE]
+        assert sub.submitted_at == stamp, (student, sub.submitted_at)
+        assert [n.kind for n in sub.notes] == [NoteKind.TIME_IGNORED], (student, sub.notes)
+        assert sub.notebook is not None and not sub.problem
+    assert found["honest_1235", ONE].submitted_at == stamp and found["honest_1235", ONE].notes == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lms.zip", "unpacked"]
+
+
+def test_a_folder_keeps_nbgraders_exchange_timestamp(tmp_path):
+    """A folder (nbgrader's exchange layout) has no zip time: its timestamp.txt, written by the exchange, counts."""
+    hand_in = tmp_path / "class" / "alice" / ONE
+    hand_in.mkdir(parents=True)
+    nbformat.write(reference_submission(A), hand_in / A.notebook)
+    (hand_in / "timestamp.txt").write_text("2030-01-16 00:30:00.123456 Europe/Berlin\n")
+    sub = _found(tmp_path / "class")["alice", ONE]
+    assert sub.submitted_at == "2030-01-16 00:30:00.123456 Europe/Berlin" and sub.notes == []

@@ -1,7 +1,8 @@
 """Stage C of a submission's sandbox: the student's kernel, confined before any of its code runs.
 
 Resource limits, a session keyring of its own, every capability dropped for good (no_new_privs, empty
-bounding set), then ipykernel: it binds its sockets, PID 1 (grader/kernel/pid1.py) seals the socket
+bounding set), the seccomp filter (grader/kernel/seccomp.py: no keyring calls, nothing Docker refuses), then
+ipykernel: it binds its sockets, PID 1 (grader/kernel/pid1.py) seals the socket
 folder, and only then does the kernel serve. Standard library only (ipykernel is imported last).
 """
 
@@ -13,6 +14,7 @@ import resource
 import signal
 import sys
 
+from grader.kernel import seccomp
 from grader.kernel.protocol import Handshake, Request
 from grader.kernel.syscalls import (
     PR_CAP_AMBIENT,
@@ -62,10 +64,14 @@ def _set_limits(request: Request) -> None:
 
 
 def _check_unprivileged() -> None:
-    """The probe's question (grader.kernel.sandbox.why_unavailable): does the sandbox stand and hold no privilege?"""
+    """The probe's question (grader.kernel.sandbox.why_unavailable): does the sandbox stand, hold no privilege,
+    and filter system calls?"""
     with open("/proc/self/status") as f:
-        if "CapEff:\t0000000000000000" not in f.read():
-            raise SystemExit("capabilities left after dropping them")
+        status = f.read()
+    if "CapEff:\t0000000000000000" not in status:
+        raise SystemExit("capabilities left after dropping them")
+    if "Seccomp:\t2" not in status:
+        raise SystemExit("no seccomp filter on the kernel")
     raise SystemExit(0)
 
 
@@ -80,6 +86,7 @@ def run_c(request: Request, ready_w: int, ack_r: int) -> None:
     _set_limits(request)
     _new_session_keyring()
     drop_privileges()
+    seccomp.load()
     os.makedirs(WORK, exist_ok=True)
     os.chdir(WORK)
     if request.get("probe"):

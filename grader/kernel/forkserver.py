@@ -13,7 +13,8 @@ server imports what every kernel would import, then serves one connection per su
        up loopback, reaps orphans, enforces the memory limit when no cgroup does (grader/kernel/memwatch.py),
        and says why the kernel died; when it exits the kernel kills every process left in the namespace;
     C  (grader/kernel/confine.py) the kernel: resource limits, a session keyring of its own, every
-       capability dropped for good, then ipykernel. Once its sockets are bound, B makes the socket folder
+       capability dropped for good, a seccomp filter at least as strict as Docker's default
+       (grader/kernel/seccomp.py: no keyring calls at all), then ipykernel. Once its sockets are bound, B makes the socket folder
        read-only.
 
 Nothing a kernel leaves survives it: its files live in tmpfs mounts of its own mount namespace, its
@@ -41,7 +42,7 @@ import struct
 import sys
 import time
 
-from grader.kernel import newroot
+from grader.kernel import newroot, seccomp
 from grader.kernel.newroot import INSIDE_GID, INSIDE_UID, NOBODY
 from grader.kernel.protocol import IDLE, Handshake, Report, Request
 from grader.kernel.syscalls import PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE, die_with_parent, prctl
@@ -203,6 +204,7 @@ def serve(listener: socket.socket) -> None:
 def single(request: Request) -> int:
     """One sandbox and kernel, no warm process; the kernel's exit status."""
     prctl(PR_SET_CHILD_SUBREAPER, 1)
+    seccomp.prepare()
     pid, pidfd, report_r = start_submission(request)
     supervise(None, pidfd)
     report = finish_submission(pid, pidfd, report_r, False)
@@ -220,6 +222,7 @@ def main() -> None:
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     preload()
+    seccomp.prepare()
     serve(socket.socket(fileno=listen_fd))
 
 

@@ -191,8 +191,10 @@ def enforcement() -> dict[str, str]:
     memory = (f"cgroup v{cgroups.version} memory limit {limits.memory_bytes} bytes for all processes together"
               if cgroups else
               f"NO cgroup here (no delegated cgroup v2 memory controller, no writable v1 hierarchy): a watchdog "
-              f"in the sandbox's PID 1 kills the submission when its processes hold more than "
-              f"{limits.memory_bytes} bytes of anonymous and shared memory (polled every 50 ms)")
+              f"in the sandbox's PID 1 kills the submission when it holds more than {limits.memory_bytes} bytes: "
+              f"the anonymous and shared memory of every process of its PID namespace (undumpable ones at their "
+              f"resident size), System V IPC, memfd files, its /tmp and /dev/shm, and the buffers of every socket "
+              f"of its network namespace (polled every 50 ms)")
     return {
         "memory": memory + f"; RLIMIT_AS {limits.memory_bytes} bytes per process",
         "processes": f"RLIMIT_NPROC {limits.processes} in the submission's user namespace",
@@ -201,4 +203,6 @@ def enforcement() -> dict[str, str]:
         "cpu": f"RLIMIT_CPU {limits.cpu_seconds} s per process",
         "user": ("uid nobody outside its user namespace, no capabilities" if os.geteuid() == 0 else
                  f"uid {os.geteuid()} (yours) outside its user namespace, no capabilities"),
+        "system calls": "seccomp filter at least as strict as Docker's default profile (grader/kernel/seccomp.py); "
+                        "no keyring calls (each kernel also joins a fresh session keyring)",
     }

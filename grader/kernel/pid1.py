@@ -160,8 +160,8 @@ def _watch(kernel: _Kernel, request: Request, watch: MemoryWatch | None) -> str:
             return ""
         _reap_orphans(kernel.pid)
         if watch and (used := watch.over()):
-            return f"memory limit: its processes held {size_text(used)} together, more than " \
-                   f"{size_text(watch.limit)} (watchdog)"
+            return f"memory limit: the submission held {size_text(used)}, more than {size_text(watch.limit)} " \
+                   f"({used.what})"
 
 
 def _cpu_reason(code: int, usage: object, limits: SandboxLimits) -> str:

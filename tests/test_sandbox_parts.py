@@ -1,0 +1,82 @@
+"""The sandbox's and the worker's parts that need no kernel: wire types, the seccomp policy, socket accounting, bounds."""
+
+import json
+import socket
+import struct
+from dataclasses import fields
+
+import nbformat
+import pytest
+
+from grader.author.mutants import reference_submission
+from grader.batch import worker
+from grader.course import assignment_named
+from grader.kernel import memwatch, seccomp
+from grader.kernel.limits import Limits
+from grader.kernel.protocol import SandboxLimits
+
+# What Docker's default profile never allows, or allows only with a capability the kernel does not have
+# (CAP_SYS_ADMIN, CAP_SYS_PTRACE, CAP_BPF, CAP_PERFMON, CAP_SYS_MODULE, …), as listed in its profile.
+DOCKER_REFUSED = ("keyctl add_key request_key userfaultfd io_uring_setup io_uring_enter io_uring_register pivot_root "  # noqa: SIM905
+                  "kexec_load kexec_file_load swapon swapoff nfsservctl vm86 vm86old create_module get_kernel_syms "
+                  "query_module uselib ustat sysfs _sysctl move_pages bpf clone3 fanotify_init fsconfig fsmount "
+                  "fsopen fspick lookup_dcookie mount mount_setattr move_mount open_tree perf_event_open quotactl "
+                  "quotactl_fd setdomainname sethostname setns syslog umount umount2 unshare reboot chroot "
+                  "init_module finit_module delete_module acct kcmp pidfd_getfd process_madvise iopl ioperm "
+                  "settimeofday stime clock_settime vhangup get_mempolicy mbind set_mempolicy open_by_handle_at "
+                  "ptrace process_vm_readv process_vm_writev").split()
+
+
+def test_the_wire_limits_are_the_limits():
+    assert list(SandboxLimits.__annotations__) == [f.name for f in fields(Limits)]
+
+
+def test_the_seccomp_allow_list_holds_nothing_docker_refuses():
+    allowed = set(seccomp.DOCKER_ALLOWED) - set(seccomp.STRICTER)
+    for names in seccomp.ARCH_ALLOWED.values():
+        allowed |= set(names)
+    assert allowed.isdisjoint(DOCKER_REFUSED), sorted(allowed & set(DOCKER_REFUSED))
+    assert set(seccomp.KEY_CALLS) <= set(DOCKER_REFUSED) and "prctl" in seccomp.DOCKER_ALLOWED
+
+
+def test_socket_buffers_are_read_from_sock_diag():
+    """The same netlink query PID 1 makes in a sandbox, here in the test's own network namespace."""
+    before = memwatch.socket_bytes()
+    a, b = socket.socketpair()
+    with a, b:
+        a.setblocking(False)
+        queued = 0
+        try:
+            while True:
+                queued += a.send(b"x" * 65536)
+        except BlockingIOError:
+            pass
+        assert memwatch.socket_bytes() - before >= queued
+
+
+def test_meminfo_attribute_parsing():
+    info = struct.pack("9I", 100, 0, 7, 0, 0, 30, 0, 0, 0)  # rmem 100, wmem_alloc 7, wmem_queued 30
+    payload = b"\0" * 16 + struct.pack("HH", 4 + len(info), 5) + info
+    assert memwatch._meminfo_bytes(payload, 16, 5) == 130
+    assert memwatch._meminfo_bytes(payload, 16, 7) == 0
+
+
+def _write(tmp_path, data: bytes):
+    path = tmp_path / "nb.ipynb"
+    path.write_bytes(data)
+    return path
+
+
+def test_the_worker_parses_a_notebook_within_bounds(tmp_path):
+    reference = nbformat.writes(reference_submission(assignment_named("01"))).encode()
+    assert worker._load(_write(tmp_path, reference)).cells
+    empties = b'{"nbformat": 4, "cells": [' + b",".join([b"{}"] * (worker.MAX_JSON_VALUES + 1)) + b"]}"
+    with pytest.raises(worker.TooLarge, match="JSON values"):
+        worker._load(_write(tmp_path, empties))
+    deep = json.dumps({"nbformat": 4, "cells": [], "metadata": {}}).encode()[:-1] + b', "x": ' + \
+        b"[" * (worker.MAX_JSON_DEPTH + 1) + b"]" * (worker.MAX_JSON_DEPTH + 1) + b"}"
+    with pytest.raises(worker.TooLarge, match="deeper"):
+        worker._load(_write(tmp_path, deep))
+    brackets_in_sources = json.dumps({"nbformat": 4, "cells": [{"cell_type": "code", "source": "[" * 10_000,
+                                                                "metadata": {}}]}).encode()
+    assert worker._load(_write(tmp_path, brackets_in_sources)).cells[0].source == "[" * 10_000

@@ -154,3 +154,30 @@ def test_a_folder_keeps_nbgraders_exchange_timestamp(tmp_path):
     (hand_in / "timestamp.txt").write_text("2030-01-16 00:30:00.123456 Europe/Berlin\n")
     sub = _found(tmp_path / "class")["alice", ONE]
     assert sub.submitted_at == "2030-01-16 00:30:00.123456 Europe/Berlin" and sub.notes == []
+
+
+def test_exports_and_the_cli_never_pass_on_formulas_or_terminal_codes(tmp_path, capsys):
+    """A roster name and a hand-in folder name crafted for a spreadsheet and a terminal: every CSV the course
+    writes neutralises the formula, and the CLI prints the escape codes as text."""
+    from grader.cli import main
+    from grader.report.outputs import write_outputs
+
+    full = {k: 1.0 for k in A.grade_cells()}
+    graded = tmp_path / "graded"
+    graded.mkdir()
+    write_outputs([Result("=cmd|' /C calc'!A0", ONE, dict(full), dict(full)), Result("ann_101", ONE, dict(full), dict(full))],
+                  {ONE: A}, graded, report=False)
+    roster = tmp_path / "canvas.csv"
+    with open(roster, "w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows([
+            ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", f"{ONE} (55)"],
+            ["    Points Possible", "", "", "", "", "10"],
+            ['=HYPERLINK("http://evil.example","ann")', "101", "S1", "\x1b]0;pwned\x07\x1b[2J", "A", ""],
+            ["@SUM(1+1)\x1b[31m", "102", "S2", "bob", "A", ""]])
+    assert main(["export", "--format", "canvas", "--roster", str(roster), str(graded), str(tmp_path / "out.csv")]) == 0
+    printed = capsys.readouterr().out
+    assert "\x1b" not in printed and "\x07" not in printed, printed
+    for written in ("out.csv", "out.matching.csv", "graded/grades.csv"):
+        cells = [c for row in csv.reader(io.StringIO((tmp_path / written).read_text())) for c in row]
+        assert not [c for c in cells if c[:1] in ("=", "+", "@") or (c[:1] == "-" and not c[1:2].isdigit())], written
+        assert not any("\x1b" in c or "\x07" in c for c in cells), written

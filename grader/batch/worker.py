@@ -23,6 +23,7 @@ from pathlib import Path
 import nbformat
 
 from grader.author.mutants import load_mutants
+from grader.batch import stopping
 from grader.collect.deadlines import penalty
 from grader.collect.submissions import MAX_NOTEBOOK_BYTES
 from grader.course import assignment_named, put_interpreter_on_path
@@ -216,6 +217,7 @@ def grade_to_file(spec_path: Path) -> None:
 
 def main() -> int:
     logging.basicConfig(level=logging.WARNING)
+    stopping.die_with_parent()  # a parent killed outright (SIGKILL) leaves no worker, fork server or kernel
     put_interpreter_on_path()
     # stdout is the channel to the parent; everything else written to fd 1 (kernels started from
     # here inherit it) goes to the log on stderr instead.

@@ -113,6 +113,27 @@ def why_unavailable() -> str:
     return lines[-1] if lines else f"exit status {probe.returncode}"
 
 
+FOLDER_PREFIX = "forkserver-"
+
+
+def sweep_stale_folders() -> int:
+    """Remove the fork-server folders of workers that are gone (killed before their cleanup); how many."""
+    removed = 0
+    for folder in Path(tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*-*"):
+        pid = folder.name.removeprefix(FOLDER_PREFIX).split("-")[0]
+        try:
+            mine = folder.lstat().st_uid == os.geteuid() and folder.is_dir() and not folder.is_symlink()
+        except OSError:
+            continue
+        if mine and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            try:
+                remove_tree(folder)
+                removed += 1
+            except OSError:
+                pass
+    return removed
+
+
 class ForkServer:
     """The worker's warm process (grader/kernel/forkserver.py); it builds a fresh sandbox for each kernel it forks.
 
@@ -122,7 +143,9 @@ class ForkServer:
     """
 
     def __init__(self) -> None:
-        self.folder = Path(tempfile.mkdtemp(prefix="forkserver-"))  # 0700: only the grader's user gets in
+        sweep_stale_folders()
+        # 0700: only the grader's user gets in; the worker's pid in the name tells the sweep whose it is
+        self.folder = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
         self.runtime = self.folder / "runtime"
         self.runtime.mkdir()
         self.control = self.folder / "control.sock"

@@ -38,6 +38,10 @@ def _autograde(args: argparse.Namespace) -> int:
     if not args.submissions.exists():
         print(f"no such folder or zip: {args.submissions}", file=sys.stderr)
         return 2
+    if not args.unsandboxed:
+        from grader.kernel.limits import memory_enforcement
+
+        print(f"memory of each submission limited by {memory_enforcement()}", file=sys.stderr)
     try:
         config = load_config(args.config, [a.name for a in assignments()])
         shard = parse_shard(args.shard) if args.shard else None
@@ -224,4 +228,17 @@ def main(argv: list[str] | None = None) -> int:
 
     put_interpreter_on_path()
     args = build_parser().parse_args(argv)
+    if args.command == "autograde" and argv is None and not args.unsandboxed:
+        _prefer_a_memory_cgroup()
     return args.run(args)
+
+
+def _prefer_a_memory_cgroup() -> None:
+    """A grader with no memory cgroup reruns itself in a delegated systemd user scope, where there is one."""
+    from grader.kernel.limits import SCOPE_ENV, systemd_scope
+
+    scoped = systemd_scope([sys.executable, "-m", "grader", *sys.argv[1:]])
+    if scoped is not None:
+        print("grader: rerunning in a systemd user scope, for a memory cgroup per submission", file=sys.stderr)
+        os.environ[SCOPE_ENV] = "1"
+        os.execv(scoped[0], scoped)

@@ -271,12 +271,12 @@ SYSCALLS = {"x86_64": {"keyctl": 250, "add_key": 248, "request_key": 249, "bpf":
                        "io_uring_setup": 425, "perf_event_open": 298, "fsopen": 430, "open_tree": 428,
                        "kexec_load": 246, "mount": 165, "unshare": 272, "setns": 308, "ptrace": 101,
                        "process_vm_readv": 310, "pivot_root": 155, "swapon": 167, "init_module": 175,
-                       "clone3": 435, "syslog": 103, "open_by_handle_at": 304},
+                       "clone3": 435, "syslog": 103, "open_by_handle_at": 304, "memfd_secret": 447},
             "aarch64": {"keyctl": 219, "add_key": 217, "request_key": 218, "bpf": 280, "userfaultfd": 282,
                         "io_uring_setup": 425, "perf_event_open": 241, "fsopen": 430, "open_tree": 428,
                         "kexec_load": 104, "mount": 40, "unshare": 97, "setns": 268, "ptrace": 117,
                         "process_vm_readv": 270, "pivot_root": 41, "swapon": 224, "init_module": 105,
-                        "clone3": 435, "syslog": 116, "open_by_handle_at": 265}}
+                        "clone3": 435, "syslog": 116, "open_by_handle_at": 265, "memfd_secret": 447}}
 
 
 def test_the_seccomp_filter_refuses_what_dockers_default_refuses(start):

@@ -80,3 +80,23 @@ def test_the_worker_parses_a_notebook_within_bounds(tmp_path):
     brackets_in_sources = json.dumps({"nbformat": 4, "cells": [{"cell_type": "code", "source": "[" * 10_000,
                                                                 "metadata": {}}]}).encode()
     assert worker._load(_write(tmp_path, brackets_in_sources)).cells[0].source == "[" * 10_000
+
+
+def test_a_delegated_cgroup_v2_subtree_is_found(tmp_path, monkeypatch):
+    """The cgroup v2 paths cannot run here (v1 only): where submission cgroups go, on a tree of plain files."""
+    from grader.kernel import limits
+
+    own = tmp_path / "user.slice" / "run-u7.scope"
+    own.mkdir(parents=True)
+    (own / "cgroup.subtree_control").write_text("memory pids\n")
+    assert limits.delegated_v2_base(own) == own  # switched on already
+    leaf = own / "tml-42-leaf"  # a worker born in the leaf its parent made
+    leaf.mkdir()
+    (leaf / "cgroup.subtree_control").write_text("")
+    assert limits.delegated_v2_base(leaf) == own
+    (own / "cgroup.subtree_control").write_text("")
+    (own / "cgroup.controllers").write_text("cpu pids\n")  # no memory controller to switch on
+    assert limits.delegated_v2_base(own) is None
+    monkeypatch.setattr(limits.shutil, "which", lambda name: None)
+    monkeypatch.setattr(limits.os, "geteuid", lambda: 1000)
+    assert limits.systemd_scope(["grade"]) is None  # no systemd-run: the watchdog

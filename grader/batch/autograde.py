@@ -433,8 +433,12 @@ def _template(chosen: list[Assignment]) -> Path:
     for assignment in chosen:
         digest.update(assignment.name.encode() + assignment.source.read_bytes())
     folder = TEMPLATES / digest.hexdigest()[:16]
+    for stale in TEMPLATES.glob("partial-*-*"):  # left by a run that was killed while it generated
+        pid = stale.name.split("-")[1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(stale, ignore_errors=True)
     if not folder.exists():
-        partial = Path(tempfile.mkdtemp(prefix="partial-", dir=_mkdir(TEMPLATES)))
+        partial = Path(tempfile.mkdtemp(prefix=f"partial-{os.getpid()}-", dir=_mkdir(TEMPLATES)))
         generate(partial, chosen)
         try:
             partial.rename(folder)

@@ -29,6 +29,7 @@ from grader.kernel.syscalls import (
 )
 
 WORK = "/tmp/work"  # the kernel's home and working folder
+OPEN_FILES = 4096  # per process (RLIMIT_NOFILE, soft and hard)
 
 
 def drop_privileges() -> None:
@@ -59,7 +60,9 @@ def _set_limits(request: Request) -> None:
                              (resource.RLIMIT_FSIZE, limits["file_bytes"], None),
                              (resource.RLIMIT_NPROC, limits["processes"], None),
                              (resource.RLIMIT_CPU, limits["cpu_seconds"], limits["cpu_seconds"] + 5),
-                             (resource.RLIMIT_CORE, 0, None)):
+                             (resource.RLIMIT_CORE, 0, None),
+                             # descriptors: each can hold a pipe's buffer, which no count of the watchdog sees
+                             (resource.RLIMIT_NOFILE, OPEN_FILES, None)):
         resource.setrlimit(kind, (soft, soft if hard is None else hard))
 
 

@@ -152,6 +152,7 @@ class MemoryWatch:
 
 NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY = 4, 20
 NLM_F_REQUEST, NLM_F_DUMP, NLMSG_ERROR, NLMSG_DONE = 1, 0x300, 2, 3
+DIAG_NAMES = ("unix", "TCP", "UDP", "TCPv6", "UDPv6", "netlink")  # in the order of _diag_requests
 MEMINFO_VARS = 9  # SK_MEMINFO_*: rmem_alloc, rcvbuf, wmem_alloc, sndbuf, fwd_alloc, wmem_queued, optmem, backlog, drops
 
 
@@ -190,6 +191,8 @@ def _dump(channel: socket.socket, body: bytes, fixed: int, kind: int) -> int:
         offset = 0
         while offset + 16 <= len(data):
             length, kind_of_message = struct.unpack_from("IH", data, offset)
+            if kind_of_message == NLMSG_ERROR and length >= 20 and (error := struct.unpack_from("i", data, offset + 16)[0]):
+                raise OSError(-error, os.strerror(-error))
             if kind_of_message in (NLMSG_DONE, NLMSG_ERROR) or length < 16:
                 return total
             total += _meminfo_bytes(data[offset + 16:offset + length], fixed, kind)
@@ -198,17 +201,19 @@ def _dump(channel: socket.socket, body: bytes, fixed: int, kind: int) -> int:
             return total
 
 
-def socket_bytes() -> int:
+def socket_bytes(missing: list[str] | None = None) -> int:
     """Memory queued in every socket of this network namespace (the submission's own): unix, TCP, UDP, netlink.
 
-    Socket buffers belong to no process's resident memory; the kernel charges them to the socket.
+    Socket buffers belong to no process's resident memory; the kernel charges them to the socket. The families
+    this kernel cannot report (no sock_diag module for them) are added to `missing`.
     """
     total = 0
     with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG) as channel:
         channel.settimeout(1)
-        for body, fixed, kind in _diag_requests():
+        for (body, fixed, kind), name in zip(_diag_requests(), DIAG_NAMES):
             try:
                 total += _dump(channel, body, fixed, kind)
             except OSError:
-                continue  # that family's diag module is missing: nothing of it is counted
+                if missing is not None:
+                    missing.append(name)  # that family's diag module is missing: nothing of it is counted
     return total

@@ -6,7 +6,7 @@ this filter allows exactly Docker's unconditional list (`DOCKER_ALLOWED`) and Do
 as they apply without capabilities (clone without namespace flags, clone3 answered ENOSYS so that the C
 library falls back to clone, socket but AF_ALG and AF_VSOCK, personality with the harmless values, the
 architecture's own calls), and is stricter in three places: ptrace and process_vm_readv/writev (Docker
-allows them on kernels ≥ 4.8) are refused, and prctl(PR_SET_DUMPABLE) can only keep a process dumpable,
+allows them on kernels ≥ 4.8) and memfd_secret are refused, and prctl(PR_SET_DUMPABLE) can only keep a process dumpable,
 so every process of a submission stays countable by the sandbox's PID 1 (grader/kernel/memwatch.py).
 keyctl, add_key and request_key are on no list: a kernel cannot reach any keyring, not even its own.
 
@@ -57,8 +57,9 @@ DOCKER_ALLOWED = """
     timerfd_settime64 times tkill truncate truncate64 ugetrlimit umask uname unlink unlinkat uretprobe utime
     utimensat utimensat_time64 utimes vfork vmsplice wait4 waitid waitpid write writev
 """.split()  # noqa: SIM905 (the list as a block of names, like the profile)
-# Refused although Docker allows them (on kernels >= 4.8): reading or tracing another process.
-STRICTER = ("ptrace", "process_vm_readv", "process_vm_writev")
+# Refused although Docker allows them: reading or tracing another process (on kernels >= 4.8), and memory
+# that no /proc file of a process shows (secret memory: the watchdog could not count it).
+STRICTER = ("ptrace", "process_vm_readv", "process_vm_writev", "memfd_secret")
 ARCH_ALLOWED = {  # Docker's per-architecture rules
     "x86_64": ("arch_prctl", "modify_ldt"), "aarch64": ("arm_fadvise64_64", "arm_sync_file_range", "sync_file_range2",
                                                        "breakpoint", "cacheflush", "set_tls"),

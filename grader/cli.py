@@ -57,6 +57,9 @@ def _autograde(args: argparse.Namespace) -> int:
     except GradingEnvironmentBroken as err:
         print(f"grading stopped, no grades written: {printable(str(err))}", file=sys.stderr)
         return 4
+    except KeyboardInterrupt:  # before any worker started (collecting, unpacking): nothing to stop
+        print("\nstopped before grading began; nothing was graded", file=sys.stderr)
+        return 130
     except Interrupted as err:
         print(f"\n{err}", file=sys.stderr)
         sys.stdout.flush()

@@ -95,8 +95,11 @@ def test_a_delegated_cgroup_v2_subtree_is_found(tmp_path, monkeypatch):
     (leaf / "cgroup.subtree_control").write_text("")
     assert limits.delegated_v2_base(leaf) == own
     (own / "cgroup.subtree_control").write_text("")
-    (own / "cgroup.controllers").write_text("cpu pids\n")  # no memory controller to switch on
-    assert limits.delegated_v2_base(own) is None
+    (own / "cgroup.controllers").write_text("memory pids\n")
+    assert limits.delegated_v2_base(own) is None  # not the scope autograde made for itself: never claimed
+    monkeypatch.setenv(limits.SCOPE_ENV, "1")
+    monkeypatch.setattr(limits.os, "geteuid", lambda: own.stat().st_uid + 1)
+    assert limits.delegated_v2_base(own) is None  # not this user's subtree
+    monkeypatch.delenv(limits.SCOPE_ENV)
     monkeypatch.setattr(limits.shutil, "which", lambda name: None)
-    monkeypatch.setattr(limits.os, "geteuid", lambda: 1000)
     assert limits.systemd_scope(["grade"]) is None  # no systemd-run: the watchdog

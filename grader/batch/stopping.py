@@ -18,19 +18,35 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
+def _children_of() -> dict[int, list[int]]:
+    """Every process's children, from each process's parent in /proc (where no task lists its children)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    return children
+
+
 def descendants(pid: int) -> list[int]:
     """Every live process below `pid`, parents before their children."""
+    listed = Path(f"/proc/{pid}/task/{pid}/children").exists()  # CONFIG_PROC_CHILDREN
+    table = {} if listed else _children_of()
     found: list[int] = []
     todo = [pid]
     while todo:
         parent = todo.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*"):
+        children = table.get(parent, [])
+        for task in Path(f"/proc/{parent}/task").glob("*") if listed else ():
             try:
-                children = [int(c) for c in (task / "children").read_text().split()]
+                children += [int(c) for c in (task / "children").read_text().split()]
             except OSError:
                 continue
-            found += children
-            todo += children
+        found += children
+        todo += children
     return found
 
 

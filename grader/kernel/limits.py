@@ -87,8 +87,8 @@ def delegated_v2_base(own: Path) -> Path | None:
     """Where submission cgroups can go below the grader's cgroup v2 `own`, or None.
 
     Either the memory controller is on for `own`'s children already (a root grader, or a delegation that
-    did it), or `own` is a subtree delegated to this user with the memory controller available (as
-    `systemd-run --user --scope -p Delegate=yes` makes one): then every process in it moves to a leaf
+    did it), or `own` is the scope autograde reran itself in (`systemd_scope`: delegated to this user, the
+    memory controller available, SCOPE_ENV set): then every process in it moves to a leaf
     `tml-<pid>-leaf` (cgroup v2 allows no process beside child cgroups) and the controller is switched on.
     A process born in such a leaf (a worker) finds the base one level up.
     """
@@ -96,6 +96,8 @@ def delegated_v2_base(own: Path) -> Path | None:
         return own
     if own.name.startswith("tml-") and own.name.endswith("-leaf") and _memory_on_for_children(own.parent):
         return own.parent
+    if os.geteuid() == 0 or not os.environ.get(SCOPE_ENV):  # only ever the scope autograde made for itself
+        return None
     try:
         if own.stat().st_uid != os.geteuid() or "memory" not in (own / "cgroup.controllers").read_text().split():
             return None

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from grader.author.release import generate
 from grader.batch import stopping
-from grader.collect.deadlines import Config, Lateness, check_students, lateness, penalty
+from grader.collect.deadlines import Config, Lateness, Override, check_students, lateness, overrides_for, settle
 from grader.collect.submissions import MAX_NOTEBOOK_BYTES, Submission, collect, unpack_zip
 from grader.course import Assignment, assignments
 from grader.judge.grading import GradingEnvironmentBroken, known_mistakes, plain_kernel_factory, reference_records
@@ -166,6 +166,7 @@ class _Pending:
     wall: float
     sub: Submission
     late: Lateness
+    overrides: list[Override]
 
 
 def _zero_filled(result: Result, maxima: dict[str, float]) -> Result:
@@ -174,12 +175,10 @@ def _zero_filled(result: Result, maxima: dict[str, float]) -> Result:
     return result
 
 
-def _apply_lateness(result: Result, sub: Submission, late: Lateness) -> Result:
-    """Record when the hand-in came and what the late policy takes from its points."""
+def _apply_lateness(result: Result, sub: Submission, late: Lateness, overrides: list[Override]) -> Result:
+    """Record when the hand-in came; the instructor's overrides and the late policy decide its points."""
     result.submitted_at = sub.submitted_at
-    result.lateness = asdict(late) if late.due else {}
-    result.penalty = penalty(sum(result.scores.values()), sum(result.max_scores.values()), late)
-    return result
+    return settle(result, late, overrides)
 
 
 @dataclass
@@ -233,7 +232,7 @@ def autograde(
     run = _Run(out, {a.name: a for a in assignments()}, config, feedback or config.feedback, timeout, sandboxed, jobs)
     with stopping.sigterm_as_interrupt(), _unpacked(submissions, run, only) as root:
         try:
-            subs = _collected(root, run, only, shard)
+            subs = _collected(root, run, only, shard, progress)
             run.env = _worker_env(jobs)
             graded = sorted({s.assignment for s in subs if s.assignment in run.known})
             # (no template when nothing is graded: release.generate would read an empty list as "every assignment")
@@ -273,10 +272,15 @@ def _unpacked(submissions: Path, run: _Run, only: str | None) -> Iterator[Path]:
         remove_tree(root)
 
 
-def _collected(root: Path, run: _Run, only: str | None, shard: tuple[int, int] | None) -> list[Submission]:
+def _collected(root: Path, run: _Run, only: str | None, shard: tuple[int, int] | None,
+               progress: bool) -> list[Submission]:
     """The class's hand-ins (only this shard's students when sharding), the config checked against the class."""
     subs = collect(root, list(run.known.values()), only)
-    check_students(run.config, {s.student for s in subs})  # a typo in an extension stops here, before any grading
+    # a typo in an extension or override stops here, before any grading
+    run.config = check_students(run.config, {s.student for s in subs},
+                                {name: a.grade_cells() for name, a in run.known.items()})
+    for line in run.config.matched if progress else ():
+        print(line)
     if shard is None:
         return subs
     from grader.batch.shards import in_shard, write_manifest
@@ -322,22 +326,24 @@ def _plan(run: _Run, subs: list[Submission], template: Path, force: bool) -> tup
         assignment = run.known.get(sub.assignment)
         result_path = run.work / "results" / sub.student / f"{sub.assignment}.json"
         late = lateness(run.config, sub.student, sub.assignment, sub.submitted_at)
+        by_hand = overrides_for(run.config, sub.student, sub.assignment)
         fingerprint = _fingerprint(sub, assignment, run.timeout, run.sandboxed, code,
-                                   json.dumps([run.feedback, asdict(late)]))
+                                   json.dumps([run.feedback, asdict(late), [asdict(o) for o in by_hand]]))
         stamp = result_path.with_suffix(".fingerprint")
         if assignment is None:
             notes = [*sub.notes, *([sub.problem] if sub.problem else [])]
-            results.append(_apply_lateness(Result(sub.student, sub.assignment, {}, {}, notes), sub, late))
+            results.append(_apply_lateness(Result(sub.student, sub.assignment, {}, {}, notes), sub, late, by_hand))
         elif not force and result_path.exists() and stamp.exists() and stamp.read_text() == fingerprint:
-            results.append(_apply_lateness(Result.read(result_path), sub, late))
+            results.append(_apply_lateness(Result.read(result_path), sub, late, by_hand))
         else:
             stamp.unlink(missing_ok=True)
             spec = Spec(student=sub.student, assignment=sub.assignment, notebook=assignment.notebook,
                         submitted=str(sub.notebook or ""), template=str(template), result=str(result_path),
                         feedback=str(run.out / "feedback" / sub.student / sub.assignment / f"{assignment.name}.html"),
                         timeout=run.timeout, sandbox=run.sandboxed, problem=sub.problem, notes=sub.notes,
-                        feedback_mode=run.feedback, lateness=asdict(late) if late.due else {})
-            pending.append(_Pending(spec, fingerprint, _wall_budget(assignment, run.timeout), sub, late))
+                        feedback_mode=run.feedback, lateness=asdict(late) if late.due else {},
+                        overrides=[asdict(o) for o in by_hand])
+            pending.append(_Pending(spec, fingerprint, _wall_budget(assignment, run.timeout), sub, late, by_hand))
     return results, pending
 
 
@@ -392,7 +398,8 @@ def _grade(run: _Run, pending: list[_Pending], progress: bool) -> list[Result]:
 def _record(run: _Run, item: _Pending, result: Result) -> Result:
     """Write one graded row and its fingerprint. Kept like a grade even when the worker died on it: a hand-in that
     crashes the grader is reported once, not regraded (and crashing) on every run; --force tries again."""
-    result = _apply_lateness(_zero_filled(result, run.known[item.spec.assignment].grade_cells()), item.sub, item.late)
+    result = _apply_lateness(_zero_filled(result, run.known[item.spec.assignment].grade_cells()), item.sub, item.late,
+                             item.overrides)
     result.write(Path(item.spec.result))
     Path(item.spec.result).with_suffix(".fingerprint").write_text(item.fingerprint)
     return result

@@ -9,6 +9,11 @@ on that student's row, so one hand-in cannot stop the batch.
 A hand-in renamed on the way is still graded as its assignment: by its name once the additions of
 re-uploads, Colab (`Copy of …`) and Kaggle (`-` for `_`) are taken off, or else by the assignment the
 release wrote into its metadata (`metadata.tml.assignment`); the status says what it was called.
+
+Hand-in times come only from the collection, never from what a student uploaded: from an LMS zip,
+the time the zip records for the hand-in's files (kept in `COLLECTION_TIMES` beside the unpacked
+folders, where no upload can land); from a folder, nbgrader's `timestamp.txt`, which its exchange
+writes. A `timestamp.txt` inside an LMS upload is the student's own file: ignored, with a status note.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ RENAMED = re.compile(r"(?:\s*\(\d+\)|-\d+|_final|_v\d+|[ _-]copy)+$", re.I)
 COPY_OF = re.compile(r"^copy[ _-]of[ _-]", re.I)  # Colab's "Save a copy in Drive"
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$")
 TIMESTAMP_FILE = "timestamp.txt"  # nbgrader's convention: when the hand-in arrived
+# Written by unpack_zip beside the student folders (a dot name: never a student): "student/assignment" -> time
+COLLECTION_TIMES = ".collection-times.json"
 
 
 @dataclass
@@ -49,7 +56,7 @@ class Submission:
     notebook: Path | None = None  # the regular file to grade
     notes: list[Note] = field(default_factory=list)  # renamed, extra files, refused links …
     problem: Note | None = None  # set when there is nothing to grade; the row says why
-    submitted_at: str = ""  # ISO time from the LMS or timestamp.txt, when known
+    submitted_at: str = ""  # ISO time from the LMS zip or nbgrader's timestamp.txt, when known
 
 
 def slug(name: str) -> str:
@@ -102,8 +109,9 @@ def unpack_zip(archive: Path, into: Path, known: list[Assignment], only: str | N
     flat `<name>[_LATE]_<user id>_<submission id>_<file>` names and Moodle's `<Full Name>_<user id>_
     assignsubmission_file_/` folders. Students are keyed by name *and* LMS user id, so two students with
     the same name stay two rows. A file whose name matches no notebook goes to the assignment its metadata
-    names, or else to the only assignment the zip is for, when there is one. Unsafe paths are skipped; when
-    the zip says when a file arrived, that time is written to the folder's timestamp.txt.
+    names, or else to the only assignment the zip is for, when there is one. Unsafe paths are skipped. The
+    newest time the zip records for a hand-in's files is its hand-in time, written to `COLLECTION_TIMES` in
+    `into` (read by `collect`).
     """
     into.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(archive) as zf:
@@ -120,6 +128,7 @@ def unpack_zip(archive: Path, into: Path, known: list[Assignment], only: str | N
         placed = [(m, _place(p[strip:], known, content(m))) for m, p in zip(members, parts)]
         targets = {a for _, (_, a, _) in placed if a}
         single = only or (next(iter(targets)) if len(targets) == 1 else None)
+        times: dict[str, str] = {}
         for member, (student, assignment, file_name) in placed:
             if not student:
                 continue
@@ -130,10 +139,21 @@ def unpack_zip(archive: Path, into: Path, known: list[Assignment], only: str | N
             target.parent.mkdir(parents=True, exist_ok=True)
             with zf.open(member) as src, open(target, "wb") as dst:
                 dst.write(src.read(MAX_NOTEBOOK_BYTES + 1))
-            stamp = target.parent / TIMESTAMP_FILE
-            if not stamp.exists():
-                stamp.write_text(datetime(*member.date_time).isoformat())
+            key = f"{student}/{assignment}"
+            times[key] = max(times.get(key, ""), datetime(*member.date_time).isoformat())
+    (into / COLLECTION_TIMES).write_text(json.dumps(times, indent=1, sort_keys=True))
     return into
+
+
+def _collection_times(root: Path) -> dict[str, str] | None:
+    """The hand-in times unpack_zip recorded for `root`; None when `root` is not an unpacked zip."""
+    try:
+        times = json.loads((root / COLLECTION_TIMES).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in times.items()} if isinstance(times, dict) else {}
 
 
 def _place(part: tuple[str, ...], known: list[Assignment], content: Callable[[], bytes]) -> tuple[str, str, str]:
@@ -187,7 +207,9 @@ def _entries(folder: Path) -> tuple[list[tuple[Path, os.stat_result]], list[Note
     return sorted(files), odd
 
 
-def _hand_in(student: str, assignment: Assignment, folder: Path, known: list[Assignment]) -> Submission:
+def _hand_in(student: str, assignment: Assignment, folder: Path, known: list[Assignment],
+             times: dict[str, str] | None) -> Submission:
+    """What `folder` holds for `assignment`; `times`: the LMS zip's hand-in times (None: a folder of nbgrader's)."""
     sub = Submission(student, assignment.name)
     try:
         files, odd = _entries(folder)
@@ -196,8 +218,13 @@ def _hand_in(student: str, assignment: Assignment, folder: Path, known: list[Ass
         return sub
     sub.notes += odd
     stamp = next((p for p, _ in files if p.name == TIMESTAMP_FILE and p.parent == folder), None)
-    if stamp is not None:
-        sub.submitted_at = stamp.read_text(encoding="utf-8", errors="replace")[:64].strip()
+    if times is not None:  # an LMS zip: the time is the zip's; a timestamp.txt came with the student's upload
+        sub.submitted_at = times.get(f"{student}/{assignment.name}", "")
+        if stamp is not None:
+            sub.notes.append(Note(NoteKind.TIME_IGNORED, f"{TIMESTAMP_FILE} in the upload ignored: the hand-in time "
+                                                         f"is the LMS zip's ({sub.submitted_at or 'unknown'})"))
+    elif stamp is not None:
+        sub.submitted_at = _read_small(stamp)
     files = [(p, info) for p, info in files if p != stamp]
     notebooks = [(p, info) for p, info in files if p.suffix == ".ipynb"]
     exact = [n for n in notebooks if n[0].name == assignment.notebook]
@@ -239,9 +266,20 @@ def _refused(student: str, assignment: str, why: str) -> Submission:
     return Submission(student, assignment, problem=Note(NoteKind.REFUSED, why))
 
 
+def _read_small(path: Path) -> str:
+    """The first line of a small text file (never through a link, never blocking on a pipe)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as f:
+            return f.read(64).decode("utf-8", errors="replace").strip()
+    except OSError:
+        return ""
+
+
 def collect(root: Path, known: list[Assignment], only: str | None = None) -> list[Submission]:
     """One Submission per student and graded assignment, including students who handed nothing in."""
     by_name = {a.name: a for a in known}
+    times = _collection_times(root)
     found: dict[tuple[str, str], Submission] = {}
     students: list[str] = []
     for entry in _folders(root):
@@ -271,7 +309,7 @@ def collect(root: Path, known: list[Assignment], only: str | None = None) -> lis
                 found[(student, folder.name)] = _refused(student, folder.name,
                                                          f"unknown assignment folder {printable(folder.name)!r}")
             else:
-                found[(student, folder.name)] = _hand_in(student, by_name[folder.name], Path(folder.path), known)
+                found[(student, folder.name)] = _hand_in(student, by_name[folder.name], Path(folder.path), known, times)
     graded = {only} if only else {a for _, a in found if a in by_name}
     nothing = Note(NoteKind.NO_SUBMISSION, "no submission")
     for student in students:

@@ -130,7 +130,9 @@ def _read_record(path: Path) -> dict | None:
     import torch
 
     try:
-        return torch.load(path, weights_only=False)
+        # A rank may return CUDA tensors: bring them back on the CPU. Making a CUDA tensor here would initialise the
+        # driver in this process, after which no rank forked from it could use a GPU.
+        return torch.load(path, weights_only=False, map_location="cpu")
     except Exception:
         return None
 

@@ -45,7 +45,7 @@ class RankError(LaunchError):
 class LaunchResult:
     """What a finished launch left behind: exit status, everything printed, seconds taken (notebook 07).
 
-    `values[r]` is what rank r's function returned (function launches only); `backend` the process
+    `values[r]` is what rank r's function returned, its tensors on the CPU (function launches only); `backend` the process
     group's backend the ranks used ("" when a script chose its own).
     """
 

@@ -213,7 +213,8 @@ def _refuse_stale() -> None:
 
     stale = stale_problems()
     if stale:
-        raise EditionRefused(f"the release is stale, so the edition would not be what `release` makes: {stale[0]}"
+        raise EditionRefused("the release is stale (notebooks/ is not what `release` makes now from solutions/ and the "
+                             f"settings in pyproject.toml, student-edition included): {stale[0]}"
                              + (f" (and {len(stale) - 1} more)" if len(stale) > 1 else ""))
 
 

@@ -173,12 +173,14 @@ def _selftest(args: argparse.Namespace) -> int:
 
 def _edition(args: argparse.Namespace) -> int:
     from grader.author.bootstrap import settings
-    from grader.author.edition import EditionRefused, commit_and_tag, warnings_for, write_edition
+    from grader.author.edition import EditionRefused, branch, commit_and_tag, refuse_existing_tag, warnings_for, write_edition
 
     s = settings()
     for warning in warnings_for(s):
         print(f"warning: {warning}", file=sys.stderr)
     try:
+        if args.git:
+            refuse_existing_tag(args.out, s)
         files = write_edition(args.out)
         tag = commit_and_tag(args.out) if args.git else None
     except EditionRefused as err:
@@ -188,8 +190,8 @@ def _edition(args: argparse.Namespace) -> int:
     print(f"wrote the student edition ({len(files)} files, {size / 2**20:.1f} MiB) to {args.out}")
     if tag:
         print(f"a git repository with the tag {tag}; publish it (public) with:\n"
-              f"  git -C {args.out} remote add origin {s.repository}.git  # once\n"
-              f"  git -C {args.out} push origin main {tag}")
+              f"  git -C {args.out} remote add origin {s.repository}.git  # once, unless it is a clone\n"
+              f"  git -C {args.out} push origin {branch(args.out)} {tag}")
     return 0
 
 

@@ -1,7 +1,8 @@
 """Pre-submission check: run a notebook's visible tests in a fresh kernel and say which exercises fail.
 
 `python -m labkit.validate NOTEBOOK` (or `./course validate NOTEBOOK`) exits 1 unless every exercise is
-answered and passes its visible test — unlike `nbgrader validate`, whose exit code is 0 either way.
+answered and passes its visible test — unlike `nbgrader validate`, whose exit code is 0 either way. The fresh
+kernel is this Python's own ipykernel (not whatever the `python3` kernelspec names), so it has this kernel's packages.
 
 From inside a notebook, `check_open_notebook(ASSIGNMENT)` (the last cell of every student notebook) checks the
 notebook that is open, wherever it runs:
@@ -28,12 +29,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import nbformat
+from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 
 from labkit import cells
 from labkit.runner import NotebookRunner
 
 NOT_ANSWERED = "not answered yet"
+WAITING = "waits for an earlier exercise"  # a test that uses an unfinished earlier exercise (helpers.checks)
 KAGGLE_COPIES = (Path("/kaggle/working/.virtual_documents/__notebook_source__.ipynb"),
                  Path("/kaggle/working/__notebook_source__.ipynb"))
 DOWNLOAD = {
@@ -52,9 +55,10 @@ def validate_notebook(path: str | Path, timeout: int = 120, cwd: str | Path | No
     # A kernel on ipc sockets in a private folder: over TCP, ipykernel warns on its stderr (which a kernel
     # started from a notebook cell shares with that notebook) that the channel is not encrypted.
     with tempfile.TemporaryDirectory(prefix="validate-") as work:
-        manager = AsyncKernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(work, "kernel"))
+        manager = AsyncKernelManager(kernel_name=_KERNEL, kernel_spec_manager=_this_python(work), transport="ipc",
+                                     ip=os.path.join(work, "kernel"))
         manager.connection_file = os.path.join(work, "connection.json")
-        client = NotebookRunner(nb, km=manager, timeout=timeout, allow_errors=True, kernel_name="python3",
+        client = NotebookRunner(nb, km=manager, timeout=timeout, allow_errors=True, kernel_name=_KERNEL,
                                 resources={"metadata": {"path": str(cwd or path.parent)}})
         client.execute(cleanup_kc=True)  # nbclient keeps alive a kernel whose manager it was handed
     results = {}
@@ -67,20 +71,36 @@ def validate_notebook(path: str | Path, timeout: int = 120, cwd: str | Path | No
             results[info["grade_id"]] = ""
         elif errors[0].ename == "NotImplementedError":
             results[info["grade_id"]] = f"{NOT_ANSWERED} (the answer cell still raises NotImplementedError)"
+        elif errors[0].ename == "ExerciseNotImplementedError":  # helpers.checks.earlier_exercise
+            results[info["grade_id"]] = f"{WAITING}: {errors[0].evalue}"
         else:
             results[info["grade_id"]] = f"{errors[0].ename}: {errors[0].evalue}"
     return results
+
+
+_KERNEL = "tml-check"
+
+
+def _this_python(folder: str) -> KernelSpecManager:
+    """Kernelspecs holding one: this Python's ipykernel. The `python3` kernelspec may name another Python (a user's
+    or a hub's), and Colab's runs its own launcher."""
+    spec = Path(folder) / "kernels" / _KERNEL
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "pre-submission check", "language": "python"}))
+    return KernelSpecManager(kernel_dirs=[str(spec.parent)])
 
 
 def report(path: str | Path, *, unanswered_ok: bool = False, cwd: str | Path | None = None) -> bool:
     """Print ✓/✗ per exercise of a notebook; True when every visible test passes (notebook 00).
 
     Before you submit, an exercise not answered yet is a ✗ like any failure. With `unanswered_ok=True`
-    (notebook 00 checks the tool on a notebook you have not started) it is marked – and is not a failure:
-    True when every answered exercise passes.
+    (notebook 00 checks the tool on a notebook you have not started) it is marked – and is not a failure, nor is
+    one whose test waits for an earlier exercise not answered yet: True when every answered exercise passes.
     """
     results = validate_notebook(path, cwd=cwd)
-    unanswered = {name for name, problem in results.items() if problem.startswith(NOT_ANSWERED)}
+    unanswered = {name for name, problem in results.items() if problem.startswith((NOT_ANSWERED, WAITING))}
     failed = {name for name, problem in results.items() if problem and not (unanswered_ok and name in unanswered)}
     for exercise, problem in results.items():
         mark = "✓" if not problem else ("–" if unanswered_ok and exercise in unanswered else "✗")
@@ -212,12 +232,13 @@ def live_notebook(assignment: str, history: list[str]) -> nbformat.NotebookNode 
     return nb if found else None
 
 
-def check_open_notebook(assignment: str) -> bool:
-    """Run the open notebook's visible tests in a fresh kernel, print ✓/✗ per exercise and how to hand it in."""
+def check_open_notebook(assignment: str) -> None:
+    """Run the open notebook's visible tests in a fresh kernel, print ✓/✗ per exercise and how to hand it in.
+    Returns nothing: a notebook's last cell would show a bare True or False under the verdict."""
     nb, source = open_notebook(assignment)
     if nb is None:
         print(f"– {source}")
-        return False
+        return
     print(f"Checking {source}, in a fresh kernel:")
     with tempfile.TemporaryDirectory(prefix="check-") as folder:
         path = Path(folder) / f"{assignment}.ipynb"
@@ -227,7 +248,6 @@ def check_open_notebook(assignment: str) -> bool:
     saved = source.removesuffix(", as last saved")
     print(("✓ ready to hand in: " if ok else "Fix the ✗ above, then run this cell again. To hand in: ")
           + DOWNLOAD[where].format(path=saved) + "; any file name will do.")
-    return ok
 
 
 def released_notebook(assignment: str) -> Path | None:

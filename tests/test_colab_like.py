@@ -201,8 +201,12 @@ def test_every_notebook_alone_with_reference_answers(colab, assignment):
         check = _text(_cell(nb, bootstrap.CHECK_ID))
         colab.timings[f"check-{assignment.name}"] = round(_cell_seconds(_cell(nb, bootstrap.CHECK_ID)), 1)
         assert source in check and "all visible tests pass" in check and "✓ ready to hand in" in check, check
+        assert not [o for o in _cell(nb, bootstrap.CHECK_ID).outputs if o.output_type == "execute_result"], \
+            "the check cell shows its verdict only (no bare True/False under it)"
         assert download in check, check
-    else:  # 00: alone, it checks the course's blank copy of 01 and ends without ✗
-        assert "✗" not in outputs, outputs
+    else:  # 00: alone, it checks the course's blank copy of 01 and ends without ✗ (01's test that waits for
+        # exercise 1 is "–" too), and its no-GPU line says how to get a GPU on Colab rather than to reinstall torch
+        assert "✗" not in outputs and "01_gradient_descent.ipynb: 0 of " in outputs, outputs
+        assert "switch to a GPU runtime" in outputs or "✓ CUDA" in outputs, outputs
         assert "checking the course's blank copy of 01" in outputs and "the check ran" in outputs, outputs
     print(f"{assignment.name} with reference answers: {colab.timings[f'released-{assignment.name}']} s")

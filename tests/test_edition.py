@@ -51,6 +51,37 @@ def test_the_edition_pyproject_declares_ranges_and_torch_only_as_an_extra():
     assert theirs["tool"]["setuptools"]["packages"] == ["helpers", "labkit", "labkit.notebooks"]
 
 
+def test_the_edition_never_empties_the_instructor_repository_or_a_folder_that_is_not_an_edition(tmp_path):
+    for out, why in ((REPO, "instructor repository"), (REPO.parent, "instructor repository"),
+                     (REPO / "notebooks", "not empty and not a git clone")):
+        with pytest.raises(edition.EditionRefused, match=why):
+            edition.write_edition(out)
+    (tmp_path / "other" / ".git").mkdir(parents=True)
+    (tmp_path / "other" / "solutions").mkdir()
+    with pytest.raises(edition.EditionRefused, match="holds solutions"):
+        edition.write_edition(tmp_path / "other")
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(edition.EditionRefused, match="is a file"):
+        edition.write_edition(tmp_path / "a-file")
+    assert (tmp_path / "other" / "solutions").is_dir() and (REPO / "solutions").is_dir()
+
+
+def test_the_edition_ships_only_what_git_tracks(tmp_path, monkeypatch):
+    repo = tmp_path / "instructor"
+    (repo / "helpers").mkdir(parents=True)
+    (repo / "helpers" / "plots.py").write_text("")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "add", "helpers"], check=True)
+    (repo / "helpers" / "__pycache__").mkdir()
+    (repo / "helpers" / "__pycache__" / "plots.cpython-311.pyc").write_text("")
+    (repo / ".gitignore").write_text("__pycache__/\n")
+    monkeypatch.setattr(edition, "REPO", repo)
+    assert edition._tracked(repo / "helpers") == [repo / "helpers" / "plots.py"]
+    (repo / "helpers" / "answers_draft.py").write_text("")
+    with pytest.raises(edition.EditionRefused, match="git does not track.*helpers/answers_draft.py"):
+        edition._tracked(repo / "helpers")
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """`python -m grader edition OUT --git`, as an instructor runs it."""
@@ -78,6 +109,12 @@ def test_the_edition_is_a_tagged_repository_with_nothing_secret(built):
     assert "Check, then hand in" in readme and s.release_tag in readme
     with pytest.raises(edition.EditionRefused, match="already has the tag"):
         edition.commit_and_tag(out)
+    readme_before = (out / "README.md").read_text()
+    (out / "README.md").write_text("edited in the clone")
+    again = subprocess.run([PYTHON, "-m", "grader", "edition", str(out), "--git"], cwd=REPO, capture_output=True, text=True)
+    assert again.returncode == 1 and "already has the tag" in again.stderr, again.stderr
+    assert (out / "README.md").read_text() == "edited in the clone", "refused before anything was written"
+    (out / "README.md").write_text(readme_before)
 
 
 @pytest.mark.slow
@@ -134,5 +171,7 @@ def test_the_edition_readme_links_every_notebook_once_published():
     text = edition.readme(published)
     for name in ("00_setup", "07_distributed"):
         assert f"colab.research.google.com/github/some-school/tml-students/blob/v9.1/notebooks/{name}/{name}.ipynb" in text
+    assert "git clone https://github.com/some-school/tml-students.git" in text
     unpublished = dataclasses.replace(published, repository="https://github.com/YOUR-ORG/tml-students")
     assert "colab.research.google.com/github" not in edition.readme(unpublished)
+    assert "YOUR-ORG" not in edition.readme(unpublished)

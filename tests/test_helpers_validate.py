@@ -1,5 +1,7 @@
 """labkit.validate: one line per exercise; an unanswered exercise fails a submission check, not the set-up check."""
 
+import sys
+
 import nbformat
 from nbformat.v4 import new_code_cell, new_notebook
 
@@ -14,7 +16,13 @@ def grade_cell(source, grade_id, tags=()):
     return cell
 
 
-def test_validate_notebook_runs_tests_and_skips_demo_and_claim_cells(tmp_path):
+def test_validate_notebook_runs_tests_and_skips_demo_and_claim_cells(tmp_path, monkeypatch):
+    # a `python3` kernelspec that names another program (a hub's, a user's): the check must not start it
+    decoy = tmp_path / "jupyter" / "kernels" / "python3"
+    decoy.mkdir(parents=True)
+    (decoy / "kernel.json").write_text('{"argv": ["/bin/false", "{connection_file}"], "display_name": "decoy", '
+                                       '"language": "python"}')
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
     demo, claim = new_code_cell("raise RuntimeError('a demo')"), new_code_cell("passes = False")
     for cell, tag in ((demo, "demo"), (claim, "claim")):  # read-only cells, as the course's demos and claims are
         cell.metadata.update(tags=[tag], nbgrader={"grade": False, "solution": False, "locked": True, "grade_id": tag})
@@ -23,12 +31,17 @@ def test_validate_notebook_runs_tests_and_skips_demo_and_claim_cells(tmp_path):
         grade_cell("assert passes", "good"),
         grade_cell("raise NotImplementedError()", "blank"),
         grade_cell("assert 1 == 2, 'off by one'", "wrong"),
+        grade_cell("from helpers.checks import earlier_exercise\n"
+                   "with earlier_exercise(1, 'mse_grad'):\n    raise NotImplementedError()", "waiting"),
+        grade_cell("import sys\nassert sys.executable == " + repr(sys.executable), "same_python"),
     ])
     path = tmp_path / "nb.ipynb"
     nbformat.write(nb, path)
     results = validate.validate_notebook(path)
     assert results["good"] == "" and results["blank"].startswith("not answered yet")
     assert results["wrong"] == "AssertionError: off by one"
+    assert results["waiting"].startswith(validate.WAITING + ": exercise 1 (`mse_grad`) is not written yet")
+    assert results["same_python"] == "", "the check's fresh kernel runs this Python, not the python3 kernelspec's"
 
 
 def test_report_marks(monkeypatch, capsys):
@@ -44,6 +57,11 @@ def test_report_marks(monkeypatch, capsys):
     canned["good"] = canned["blank"]
     assert validate.report("nb.ipynb", unanswered_ok=True) is True
     assert "0 of 2 exercises answered\n" in capsys.readouterr().out
+    canned["waits"] = "waits for an earlier exercise: exercise 1 (`mse_grad`) is not written yet — finish it first"
+    assert validate.report("nb.ipynb", unanswered_ok=True) is True  # 00 on a blank 01: no ✗
+    out = capsys.readouterr().out
+    assert "– waits: waits for an earlier exercise" in out and "✗" not in out and "0 of 3 exercises answered" in out
+    assert validate.report("nb.ipynb") is False and "✗ waits" in capsys.readouterr().out
     canned["wrong"] = "AssertionError: off by one"
     assert validate.report("nb.ipynb", unanswered_ok=True) is False
     assert "✗ wrong: AssertionError" in capsys.readouterr().out

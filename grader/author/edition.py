@@ -7,8 +7,11 @@ no tests, grader, demo, grading kernel or browser) with pins that leave out the 
 no Nbgrader menu or second Validate button), and the licence. No solutions, hidden tests, grader, mutants or
 reference records: `edition_leaks` looks for each, and for any distinctive solution or hidden-test line.
 
-Refused: a release that is stale against solutions/ (the reason is `grader check`'s). Warned: a
-`student-edition` setting still at its placeholder, and a checkout without a LICENSE.
+Refused: a release that is stale against solutions/ (the reason is `grader check`'s); files in helpers/, labkit/
+or notebooks/ that git does not track (a draft there would be published); an OUT that is not new, empty or a
+clone of the edition (the instructor repository, or anything with its folders, is never emptied); with --git, a
+clone that already has the tag (before anything is written). Warned: a `student-edition` setting still at its
+placeholder, and a checkout without a LICENSE.
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ from grader.author.markers import ANY_MARKER, secret_and_public
 from grader.course import assignments
 from grader.paths import KERNEL_PACKAGES, NOTEBOOKS, PYPROJECT, REPO
 
-IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints")
 # The instructor's tools among the pins: tests, lint, types, the browser driver, nbgrader (and the notebook
 # server it needs for its menu). A student's environment is the rest.
 INSTRUCTOR_ONLY = {"nbgrader", "notebook", "pytest", "pytest-xdist", "hypothesis", "playwright", "ruff", "mypy"}
@@ -121,6 +123,8 @@ def readme(s: CourseSettings) -> str:
         f"| `{n}` | [Colab](https://colab.research.google.com/github/{owner_name}/blob/{s.release_tag}/notebooks/{n}/{n}.ipynb)"
         f" · [Kaggle](https://kaggle.com/kernels/welcome?src={s.blob(f'notebooks/{n}/{n}.ipynb')}) |"
         if s.published else f"| `{n}` | not yet: this edition's address is not set, open it locally |" for n in names)
+    clone = (f"git clone {s.repository}.git && cd {owner_name.split('/')[1]}" if s.published
+             else "cd THIS-REPOSITORY  # a clone or copy of it (its address is not set yet)")
     return f"""\
 # Training Mechanics Lab — student edition ({s.release_tag})
 
@@ -141,7 +145,7 @@ numpy, matplotlib, ipywidgets …). On Kaggle, turn on *Settings → Internet* f
 **On your computer** (Python 3.10 or newer):
 
 ```bash
-git clone {s.repository}.git && cd {owner_name.split("/")[1]}
+{clone}
 ./course lab      # sets up .venv on the first run (a few minutes), then opens JupyterLab
 ```
 
@@ -159,28 +163,74 @@ return decides the grade.
 """
 
 
+def _git(folder: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(folder), *args], check=True, capture_output=True, text=True).stdout
+
+
+def _tracked(package: Path) -> list[Path]:
+    """The files of `package` that git tracks; refused when it holds others (an instructor's draft or scratch
+    file would be published). Without git (an exported checkout) every file but caches."""
+    try:
+        listed = _git(REPO, "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--",
+                      str(package.relative_to(REPO)))
+        untracked = _git(REPO, "ls-files", "-z", "--others", "--exclude-standard", "--", str(package.relative_to(REPO)))
+    except (OSError, subprocess.CalledProcessError):
+        return [p for p in package.rglob("*") if p.is_file() and p.suffix != ".pyc"
+                and not {"__pycache__", ".ipynb_checkpoints"} & set(p.parts)]
+    if untracked.strip("\0"):
+        names = ", ".join(sorted(untracked.strip("\0").split("\0"))[:5])
+        raise EditionRefused(f"files that git does not track would be published: {names} — commit or remove them")
+    return [REPO / name for name in listed.strip("\0").split("\0") if name and (REPO / name).is_file()]
+
+
+def _refuse_unsafe_out(out: Path) -> None:
+    """OUT must be new, empty, or a git clone of the edition: never the instructor repository or a folder above it,
+    never a folder with the instructor's folders in it (its contents are replaced)."""
+    here = out.resolve()
+    if REPO.is_relative_to(here):
+        raise EditionRefused(f"{out} is the instructor repository or holds it: choose a folder outside it")
+    if here.exists() and not here.is_dir():
+        raise EditionRefused(f"{out} is a file: choose a new folder")
+    if not here.exists() or not any(p.name != ".git" for p in here.iterdir()):
+        return
+    if not (here / ".git").is_dir():
+        raise EditionRefused(f"{out} is not empty and not a git clone of the edition: choose a new folder")
+    instructor = sorted(p.name for p in here.iterdir() if p.name in SECRET_PATHS)
+    if instructor:
+        raise EditionRefused(f"{out} holds {', '.join(instructor)}: it is not a clone of the edition (its files "
+                             "would be replaced); choose a new folder")
+
+
+def refuse_existing_tag(out: Path, s: CourseSettings | None = None) -> None:
+    """With --git: a clone that already has the release tag is refused before anything is written."""
+    s = s or settings()
+    if (out / ".git").is_dir() and _git(out, "tag", "--list", s.release_tag).strip():
+        raise EditionRefused(f"{out} already has the tag {s.release_tag}: a new version needs a new tag in {SETTING}")
+
+
 def _refuse_stale() -> None:
     from grader.author.check import stale_problems
 
     stale = stale_problems()
     if stale:
-        raise EditionRefused(f"the release is stale, so the edition would not be what `release` makes: {stale[0]}"
+        raise EditionRefused("the release is stale (notebooks/ is not what `release` makes now from solutions/ and the "
+                             f"settings in pyproject.toml, student-edition included): {stale[0]}"
                              + (f" (and {len(stale) - 1} more)" if len(stale) > 1 else ""))
 
 
 def write_edition(out: Path) -> list[Path]:
     """Write the student edition into `out` (new or empty, or a git clone of an earlier edition whose files it
     replaces); returns the files written. Refuses a stale release."""
-    if out.exists() and any(p.name != ".git" for p in out.iterdir()) and not (out / ".git").is_dir():
-        raise EditionRefused(f"{out} is not empty and not a git clone of the edition: choose a new folder")
+    _refuse_unsafe_out(out)
     _refuse_stale()
+    shipped = [path for folder in (NOTEBOOKS, *KERNEL_PACKAGES) for path in _tracked(folder)]
     s = settings()
     out.mkdir(parents=True, exist_ok=True)
     for old in (p for p in out.iterdir() if p.name != ".git"):
         shutil.rmtree(old) if old.is_dir() else old.unlink()
-    shutil.copytree(NOTEBOOKS, out / "notebooks", ignore=IGNORED)
-    for package in KERNEL_PACKAGES:
-        shutil.copytree(package, out / package.name, ignore=IGNORED)
+    for path in shipped:
+        (out / path.relative_to(REPO)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, out / path.relative_to(REPO))
     for pins, header in PINS_HEADER.items():
         (out / pins).write_text(header + _without_instructor_pins((REPO / pins).read_text()))
     (out / "course").write_text(course_script())
@@ -199,19 +249,19 @@ def write_edition(out: Path) -> list[Path]:
 def commit_and_tag(out: Path, s: CourseSettings | None = None) -> str:
     """Make `out` a git repository (or add a commit to the clone it is) with the edition's release tag."""
     s = s or settings()
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(out), *args], check=True, capture_output=True, text=True).stdout
-
     if not (out / ".git").is_dir():
-        git("init", "--quiet", "--initial-branch=main")
-    if git("tag", "--list", s.release_tag).strip():
-        raise EditionRefused(f"{out} already has the tag {s.release_tag}: a new version needs a new tag in {SETTING}")
-    git("add", "--all")
+        _git(out, "init", "--quiet", "--initial-branch=main")
+    refuse_existing_tag(out, s)
+    _git(out, "add", "--all")
     identity = ["-c", "user.name=Training Mechanics Lab", "-c", "user.email=edition@invalid"]
-    git(*identity, "commit", "--quiet", "--allow-empty", "-m", f"Student edition {s.release_tag}")
-    git(*identity, "tag", "-a", s.release_tag, "-m", f"Student edition {s.release_tag}")
+    _git(out, *identity, "commit", "--quiet", "--allow-empty", "-m", f"Student edition {s.release_tag}")
+    _git(out, *identity, "tag", "-a", s.release_tag, "-m", f"Student edition {s.release_tag}")
     return s.release_tag
+
+
+def branch(out: Path) -> str:
+    """The branch the edition's commit is on (main for a new repository; a clone keeps its own)."""
+    return _git(out, "rev-parse", "--abbrev-ref", "HEAD").strip()
 
 
 def _code_lines(text: str) -> list[str]:

@@ -41,7 +41,6 @@ def environment_report() -> dict[str, str]:
         "torch threads": str(torch.get_num_threads()),
         "graphviz dot": dot or "missing — run ./course setup, or install graphviz",
         "torchviz": _version("torchviz"),
-        "nbgrader": _version("nbgrader"),
         "matplotlib": _version("matplotlib"),
         "ipywidgets": _version("ipywidgets"),
     }

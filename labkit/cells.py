@@ -18,6 +18,7 @@ A code cell's kind comes from its nbgrader metadata and its tags:
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Mapping
 from typing import Any
 
@@ -55,3 +56,20 @@ def kind(cell: Mapping[str, Any]) -> str:
 def points(cells: list[Mapping[str, Any]]) -> dict[str, float]:
     """grade id → points of every test cell, in notebook order (notebook 00)."""
     return {grade_id(c): float(nbgrader(c)["points"]) for c in cells if kind(c) == TEST}
+
+
+def defined_names(source: str) -> set[str]:
+    """The names a cell's code defines at top level (functions, classes, assignments); none when it is not Python
+    (notebook 00)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return set()
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return names

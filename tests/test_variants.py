@@ -27,13 +27,15 @@ def test_an_assignment_is_found_by_its_number_too():
     assert assignment_named("6") == assignment_named("06") == assignment_named("06_mixed_precision")
 
 
-def test_check_asks_for_two_variants_per_exercise_where_a_notebook_has_a_variants_file(tmp_path, monkeypatch):
+def test_check_asks_for_two_variants_per_exercise(tmp_path, monkeypatch):
     from grader.author import mutants
 
     monkeypatch.setattr(mutants, "VARIANTS", tmp_path)
-    assert not [p for p in mutants.mutant_problems() if "variants" in p]
     (tmp_path / "01_gradient_descent.toml").write_text(
         '[[variant]]\nname = "v"\nexercise = "mse_grad"\ncell = "mse_grad_answer"\nwhy = "w"\nsource = "x = 1"\n')
     problems = [p for p in mutants.mutant_problems() if "variants" in p]
     assert "01_gradient_descent: exercise mse_grad has 1 variants, needs 2" in problems
     assert "01_gradient_descent: exercise critical_lr has 0 variants, needs 2" in problems
+    assert "02_autograd_graph: exercise Value has 0 variants, needs 2" in problems  # no file at all
+    monkeypatch.undo()
+    assert not [p for p in mutants.mutant_problems() if "variants" in p]  # the course's own files

@@ -90,27 +90,16 @@ def split(hidden: str) -> tuple[str, str, list[str]]:
     return ast.unparse(student), ast.unparse(reference), needs
 
 
-def _defines(source: str) -> set[str]:
-    names: set[str] = set()
-    for node in ast.parse(source).body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names.update(t.id for t in targets if isinstance(t, ast.Name))
-    return names
-
-
 @functools.cache
 def scenarios(assignment: Assignment) -> tuple[Scenario, ...]:
     """Every test cell of `assignment` as a Scenario (read from solutions/), in the order they run: notebook order,
     except that a test given another exercise's reference answer (`uses_reference`) runs after that exercise's
     own test — the student's code sees the reference while it runs, so it must be too late to use it there."""
     answers = reference_answers(assignment)
-    providers = {name: (cell_id, source) for cell_id, source in answers.items() for name in _defines(source)}
+    providers = {name: (cell_id, source) for cell_id, source in answers.items() for name in cells.defined_names(source)}
     source = nbformat.read(assignment.source, as_version=4).cells
     stubs = [SOLUTION_BLOCK.sub("raise NotImplementedError()\n", c.source) for c in source if cells.kind(c) == cells.ANSWER]
-    exposed = tuple(sorted({name for stub in stubs for name in _defines(stub)}))
+    exposed = tuple(sorted({name for stub in stubs for name in cells.defined_names(stub)}))
     found, after = [], {}
     for cell in source:
         if cells.kind(cell) != cells.TEST:
@@ -124,7 +113,7 @@ def scenarios(assignment: Assignment) -> tuple[Scenario, ...]:
         inject = "\n\n".join(dict.fromkeys(providers[n][1] for n in needs))
         after[info["grade_id"]] = {providers[n][0].removesuffix("_answer") for n in needs}
         found.append(Scenario(info["grade_id"], cells.points([cell])[info["grade_id"]], student, reference, exposed, inject,
-                              tuple(sorted(_defines(inject))) if inject else ()))
+                              tuple(sorted(cells.defined_names(inject))) if inject else ()))
     return tuple(_dependencies_first(found, after))
 
 

@@ -29,7 +29,7 @@ from grader.kernel import kernelspec, limits, sandbox
 from grader.kernel.harness import own_cells_budget
 from grader.paths import BUILD, KERNEL_PACKAGES, PYPROJECT, REPO
 from grader.report.outputs import write_outputs
-from grader.results import Note, NoteKind, Result, Spec, status_text
+from grader.results import Note, NoteKind, Result, Spec
 
 TEMPLATES = BUILD / "grading-templates"
 # Seconds a worker may spend beyond the per-cell limits (kernel start, nbgrader, feedback HTML).
@@ -302,7 +302,8 @@ def _warm_up(workers: list[WorkerProcess], pending: list[tuple[Spec, float]]) ->
             probe = dataclasses.replace(first, student="", canary_only=True,
                                         result=str(Path(first.result).parent.parent / f".canary-{id(worker)}.json"))
             result = worker.grade(probe, wall)
-            problem = result.broken or ("" if result.max_scores else status_text(result.status))  # the worker died
+            # no points to give (notebook 00) is no failure; no points and a note is a worker that died
+            problem = result.broken or ("" if result.max_scores else "; ".join(note.text for note in result.status))
             if problem:
                 return problem
         return ""

@@ -29,11 +29,11 @@ from labkit.runner import NotebookRunner
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from grader import grading  # noqa: E402
 from grader.author.bootstrap import bootstrap_source  # noqa: E402
 from grader.author.mutants import reference_submission  # noqa: E402
 from grader.author.selftest import put  # noqa: E402
 from grader.course import assignment_named, put_interpreter_on_path  # noqa: E402
+from grader.judge import grading  # noqa: E402
 from grader.judge.grading import known_mistakes, plain_kernel_factory, plan, reference_records  # noqa: E402
 from grader.judge.judge import behaves_like  # noqa: E402
 

@@ -2,11 +2,13 @@
 
 import subprocess
 
+import pytest
 from conftest import PYTHON, REPO
 
 from grader.author.bundle import bundle, bundle_leaks
 
 
+@pytest.mark.integration  # the CLI
 def test_student_bundle_holds_no_solution(tmp_path):
     files = bundle(tmp_path / "bundle")
     names = {p.relative_to(tmp_path / "bundle").parts[0] for p in files}

@@ -424,7 +424,7 @@ def test_a_broken_environment_stops_grading_instead_of_writing_zeros(tmp_path, m
 
 def test_anything_that_decides_a_grade_changes_the_cache_key(tmp_path, monkeypatch):
     copy = tmp_path / "repo"
-    for folder in ("grader", "helpers"):
+    for folder in ("grader", "helpers", "labkit"):
         shutil.copytree(REPO / folder, copy / folder, ignore=shutil.ignore_patterns("__pycache__"))
     before = code_digest(copy)
     for edited in ("grader/judge/judge.py", "grader/kernel/forkserver.py", "grader/author/nbgrader_config.py",

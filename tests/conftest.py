@@ -47,6 +47,30 @@ def _the_fast_tier_starts_no_process(request, monkeypatch):
 
 
 
+# `./course test` runs the suite on every core (pytest-xdist, --dist loadgroup): each file is one group, so
+# a module's costly fixtures (a graded class, a JupyterLab server, a fork server) are built once, and the files
+# that share conftest.executed's one run of every solution notebook form one group. Groups are handed out
+# longest first, so that no long one starts last; the order follows what each took in a measured run.
+SHARED_GROUP = {"test_notebooks_execute.py": "solutions", "test_notebook_rules.py": "solutions",
+                "test_browser.py": "solutions"}
+LONGEST_FIRST = ["test_grading.py", "test_colab_like.py", "solutions", "test_class.py", "test_helpers_distributed.py",
+                 "test_shards.py", "test_sandbox.py", "test_report.py", "test_gpu_check.py", "test_collection.py",
+                 "test_feedback_browser.py"]
+
+
+def pytest_collection_modifyitems(config, items):
+    def group(item) -> str:
+        return SHARED_GROUP.get(item.path.name, item.path.name)
+
+    def rank(item) -> int:
+        name = group(item)
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group(item)))
+    items.sort(key=rank)  # stable: within a group, and among the short ones, the collection's order
+
+
 def autograde(submissions, out, *extra, check=True):
     """Run `python -m grader autograde` as an instructor would; unless `check` is False it must exit 0."""
     run = subprocess.run([PYTHON, "-m", "grader", "autograde", str(submissions), "--out", str(out), *extra],

@@ -1,4 +1,4 @@
-"""The instructor command line: release, check, autograde, report, export, merge."""
+"""The instructor command line: release, check, autograde, report, export, merge, gradescope."""
 
 from __future__ import annotations
 
@@ -109,6 +109,17 @@ def _merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gradescope(args: argparse.Namespace) -> int:
+    from grader.course import assignment_named
+    from grader.platforms.gradescope import build_zip
+
+    chosen = [assignment_named(n) for n in args.assignment or []]
+    count = build_zip(args.out, chosen, args.feedback, args.timeout)
+    print(f"wrote {args.out} ({count} files) for {', '.join(a.name for a in chosen) or 'every assignment'}: upload it "
+          "as the autograder of a Gradescope programming assignment (README, Gradescope)")
+    return 0
+
+
 def _selftest(args: argparse.Namespace) -> int:
     import tempfile
 
@@ -196,6 +207,13 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("out", type=Path, help="write grades.csv, results.json, feedback/ and report/ here")
     merge.add_argument("shards", type=Path, nargs="+", help="the --out folder of every shard")
     merge.set_defaults(run=_merge)
+    gradescope = commands.add_parser("gradescope", help="write a Gradescope autograder zip (setup.sh, run_autograder)")
+    gradescope.add_argument("out", type=Path, help="the zip to write")
+    gradescope.add_argument("--assignment", action="append", help="the assignment it grades (repeatable; default: any)")
+    gradescope.add_argument("--feedback", choices=["after-release", "at-once"], default="after-release",
+                            help="hidden tests' messages shown after the due date (default) or points only, at once")
+    gradescope.add_argument("--timeout", type=int, default=30, help="seconds per cell (default 30)")
+    gradescope.set_defaults(run=_gradescope)
     student_bundle = commands.add_parser("bundle", help="write what students receive (no solutions, hidden tests or mutants)")
     student_bundle.add_argument("out", type=Path, help="a new folder")
     student_bundle.set_defaults(run=_bundle)

@@ -27,6 +27,7 @@ class NoteKind(Enum):
     GRADER_ERROR = "grader error"  # the grader itself failed on this hand-in (see the worker log)
     RENAMED = "renamed"  # graded under another file name than the release's
     EXTRA_FILES = "extra files"  # files beside the notebook, ignored
+    REGRADED = "regraded by hand"  # an [[override]] in grading.toml set an exercise's points (grader/collect/deadlines.py)
 
     @property
     def graded(self) -> bool:
@@ -78,6 +79,7 @@ class Spec:
     feedback_mode: str = "after-release"  # or "at-once": no hidden-test messages yet (grader/report/feedback.py)
     lateness: dict = field(default_factory=dict)  # grader.collect.deadlines.Lateness, shown on the feedback page
     canary_only: bool = False  # only check this worker's environment on the reference (before any student runs)
+    overrides: list[dict] = field(default_factory=list)  # grader.collect.deadlines.Override for this hand-in (as dicts)
 
     def to_json(self) -> str:
         raw = asdict(self)
@@ -111,6 +113,9 @@ class Result:
     submitted_at: str = ""  # hand-in time as collection found it
     lateness: dict = field(default_factory=dict)  # grader.collect.deadlines.Lateness ({} when no due date applies)
     penalty: float = 0.0  # points the late policy took; grades.csv's total = sum(scores) - penalty
+    # exercise -> {"graded": the autograder's points, "points": the instructor's, "reason": why} (deadlines.settle)
+    overrides: dict[str, dict] = field(default_factory=dict)
+    answers: dict[str, str] = field(default_factory=dict)  # answer cell -> the student's source (similarity report)
 
     @property
     def total(self) -> float:

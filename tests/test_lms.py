@@ -108,11 +108,11 @@ def test_moodle_worksheet_fills_the_grade_of_participants_and_gradebook_export_m
     header, *rows = parse(tmp_path / "gb-out.csv")
     assert header == ["First name", "Last name", "ID number", "Institution", "Department", "Email address",
                       f"Assignment: {ONE} (Real)"]
-    assert [r[0] + ":" + r[-1] for r in rows] == ["Eve:8", "Dan:10"]
-    # An ID number equal to the number in a Moodle zip's key is a participant id, not this ID number: no match.
-    assert "Ada-Lovelace_101" in done["unmatched"]
+    assert [r[0] + ":" + r[-1] for r in rows] == ["Eve:8", "Dan:10", "Ada:10"]
+    # An ID number equal to the number in a Moodle zip's key is a participant id, not this ID number: the key
+    # from the Moodle zip (full name and participant id) matches the gradebook's one row with that full name.
     assert {m.student: m.how for m in done["matched"]} == {"eve@uni.example": "email (Email address)",
-                                                             "dlogin": "id (ID number)"}
+                                                             "dlogin": "id (ID number)", "Ada-Lovelace_101": "full name"}
 
 
 @pytest.mark.parametrize("rows, fmt, says", [

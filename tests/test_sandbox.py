@@ -23,6 +23,7 @@ import pytest
 from grader.judge.grading import Graded, run_notes
 from grader.kernel import harness, kernelspec, limits, sandbox
 from grader.kernel.harness import DIED, KILLED, Step, StepRun
+from grader.paths import KERNEL_PACKAGES
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
@@ -190,7 +191,7 @@ for fd in map(int, os.listdir("/proc/self/fd")):
 
 def test_read_only_everywhere_but_its_scratch_space(start, server):
     kernel = start()
-    targets = ["/usr", "/etc", sys.prefix, str(sandbox.HELPERS), "/", "/dev", str(latest_folder(server))]
+    targets = ["/usr", "/etc", sys.prefix, *map(str, KERNEL_PACKAGES), "/", "/dev", str(latest_folder(server))]
     result = ask(kernel, ATTEMPT + f"""
 targets = {targets!r}
 result = {{t: attempt(lambda: write(os.path.join(t, "planted"))) for t in targets}}
@@ -425,7 +426,7 @@ def test_attacks_hold_for_an_unprivileged_grader():
                "PYTHONDONTWRITEBYTECODE": "1", UNPRIVILEGED_RUN: "1", "LANG": os.environ.get("LANG", "C.UTF-8")}
         if "CI" in os.environ:
             env["CI"] = os.environ["CI"]
-        install = "from grader import kernelspec; kernelspec.install_kernelspec()"
+        install = "from grader.kernel import kernelspec; kernelspec.install_kernelspec()"
         script = (f'"$0" -c "{install}" && exec "$0" -m pytest -p no:cacheprovider -q -x '
                   f'--basetemp={folder / "pytest"} {Path(__file__)}')
         done = subprocess.run(_nobody("/bin/sh", "-c", script, python), cwd=REPO, env=env, capture_output=True,

@@ -21,7 +21,7 @@ import nbformat
 from tqdm import tqdm
 
 from grader.author.release import generate
-from grader.collect.deadlines import Config, Lateness, check_students, lateness, penalty
+from grader.collect.deadlines import Config, Lateness, Override, check_students, lateness, overrides_for, settle
 from grader.collect.submissions import MAX_NOTEBOOK_BYTES, Submission, collect, unpack_zip
 from grader.course import Assignment, assignments
 from grader.judge.grading import GradingEnvironmentBroken, known_mistakes, plain_kernel_factory, reference_records
@@ -144,12 +144,10 @@ def _zero_filled(result: Result, maxima: dict[str, float]) -> Result:
     return result
 
 
-def _apply_lateness(result: Result, sub: Submission, late: Lateness) -> Result:
-    """Record when the hand-in came and what the late policy takes from its points."""
+def _apply_lateness(result: Result, sub: Submission, late: Lateness, overrides: list[Override]) -> Result:
+    """Record when the hand-in came; the instructor's overrides and the late policy decide its points."""
     result.submitted_at = sub.submitted_at
-    result.lateness = asdict(late) if late.due else {}
-    result.penalty = penalty(sum(result.scores.values()), sum(result.max_scores.values()), late)
-    return result
+    return settle(result, late, overrides)
 
 
 def autograde(
@@ -193,7 +191,10 @@ def autograde(
         root = unpack_zip(submissions, Path(tempfile.mkdtemp(prefix="unpacked-", dir=_mkdir(work))), list(known.values()),
                           only)
     subs = collect(root, list(known.values()), only)
-    check_students(config, {s.student for s in subs})  # a typo in an extension stops here, before any grading
+    # a typo in an extension or override stops here, before any grading
+    config = check_students(config, {s.student for s in subs}, {name: a.grade_cells() for name, a in known.items()})
+    for line in config.matched if progress else ():
+        print(line)
     if shard is not None:
         from grader.batch.shards import in_shard, write_manifest
 
@@ -218,28 +219,30 @@ def autograde(
     code = code_digest()
     results: list[Result] = []
     pending: list[tuple[Spec, str, float]] = []
-    late_of: dict[tuple[str, str], tuple[Submission, Lateness]] = {}
+    late_of: dict[tuple[str, str], tuple[Submission, Lateness, list[Override]]] = {}
     for sub in subs:
         assignment = known.get(sub.assignment)
         result_path = work / "results" / sub.student / f"{sub.assignment}.json"
         late = lateness(config, sub.student, sub.assignment, sub.submitted_at)
-        late_of[sub.student, sub.assignment] = (sub, late)
-        page = json.dumps([feedback, asdict(late)])
+        by_hand = overrides_for(config, sub.student, sub.assignment)
+        late_of[sub.student, sub.assignment] = (sub, late, by_hand)
+        page = json.dumps([feedback, asdict(late), [asdict(o) for o in by_hand]])
         fingerprint = _fingerprint(sub, assignment, timeout, sandboxed, code, page)
         stamp = result_path.with_suffix(".fingerprint")
         if assignment is None:
             notes = [*sub.notes, *([sub.problem] if sub.problem else [])]
-            results.append(_apply_lateness(Result(sub.student, sub.assignment, {}, {}, notes), sub, late))
+            results.append(_apply_lateness(Result(sub.student, sub.assignment, {}, {}, notes), sub, late, by_hand))
             continue
         if not force and result_path.exists() and stamp.exists() and stamp.read_text() == fingerprint:
-            results.append(_apply_lateness(Result.read(result_path), sub, late))
+            results.append(_apply_lateness(Result.read(result_path), sub, late, by_hand))
             continue
         stamp.unlink(missing_ok=True)
         spec = Spec(student=sub.student, assignment=sub.assignment, notebook=assignment.notebook,
                     submitted=str(sub.notebook or ""), template=str(template), result=str(result_path),
                     feedback=str(out / "feedback" / sub.student / sub.assignment / f"{assignment.name}.html"),
                     timeout=timeout, sandbox=sandboxed, problem=sub.problem, notes=sub.notes,
-                    feedback_mode=feedback, lateness=asdict(late) if late.due else {})
+                    feedback_mode=feedback, lateness=asdict(late) if late.due else {},
+                    overrides=[asdict(o) for o in by_hand])
         code_cells = sum(c.cell_type == "code" for c in nbformat.read(assignment.source, as_version=4).cells)
         # Every cell and test at its limit, twice over (a crash replays what ran), plus the student's own cells.
         pending.append((spec, fingerprint, 2 * timeout * code_cells + own_cells_budget(timeout) + WORKER_OVERHEAD_S))

@@ -23,7 +23,7 @@ from pathlib import Path
 import nbformat
 
 from grader.author.mutants import load_mutants
-from grader.collect.deadlines import penalty
+from grader.collect.deadlines import settle
 from grader.collect.submissions import MAX_NOTEBOOK_BYTES
 from grader.course import assignment_named, put_interpreter_on_path
 from grader.judge.grading import (
@@ -134,6 +134,7 @@ def grade(spec: Spec) -> Result:
     rebuilt, tamper_notes = rebuild(submitted, released)
     result.status += tamper_notes
     result.answered = _answered(rebuilt, released)
+    result.answers = {gid: c.source for c in rebuilt.cells if (gid := cells.grade_id(c)) in result.answered}
 
     problem = _canary(assignment, spec)
     if problem:
@@ -153,10 +154,11 @@ def grade(spec: Spec) -> Result:
                          if step.test and not graded.verdicts[step.test].passed
                          and getattr(received(step.test, run, spec.timeout)[0], "error", None) == "NotImplementedError"]
     whys = {m.name: m.why for m in load_mutants(assignment)}
-    taken = penalty(sum(result.scores.values()), sum(max_scores.values()), spec.lateness) if spec.lateness else 0.0
+    settle(result, spec.lateness, spec.overrides)
     write_feedback(Path(spec.feedback), student=spec.student, assignment=spec.assignment, notebook=rebuilt,
                    graded=graded, status=result.status, mistakes={t: whys[n] for t, n in result.mistakes.items()},
-                   mode=spec.feedback_mode, late=spec.lateness.get("note", ""), penalty=taken)
+                   mode=spec.feedback_mode, late=spec.lateness.get("note", ""), penalty=result.penalty,
+                   overrides=result.overrides)
     spent = graded.seconds()
     result.seconds = {**spent, "judging": judged - started - sum(spent.values()), "feedback": time.monotonic() - judged}
     return result

@@ -22,6 +22,23 @@ ConfigError naming the key). Every key is optional:
     due = "2025-10-16 23:59"          # a new due date … or
     days = 2                          # … days added to the assignment's due date
 
+    [[override]]                      # a grade changed by hand (a regrade request, credit for an explained answer)
+    student = "alice_1001"
+    assignment = "01_gradient_descent"
+    exercise = "mse_grad"             # a test cell of the assignment, as grades.csv's column
+    points = 3                        # the exercise's points from now on (0 … its maximum)
+    reason = "derivation explained in office hours"
+
+A student is named by the key grades.csv uses, by the LMS user id alone (`1001`: the number collection
+puts at the end of the keys of LMS-zip hand-ins), or by the folder name without that number (`alice`), so
+one grading.toml serves a folder collection and an LMS zip of the same class; `autograde` prints each
+name it had to match that way, and refuses a name that fits no student or more than one.
+
+Overrides are applied after grading, on every run (a later run keeps them while they stay in the file);
+the row's status says `regraded by hand: …`, results.json keeps the autograder's points beside them, and
+the feedback page and the class report show them. Lateness is counted after the overrides: `settle` is
+the one place a row's final points are decided, for the worker's feedback page and for grades.csv alike.
+
 The hand-in time is Submission.submitted_at (nbgrader's timestamp.txt, or the LMS zip's member time).
 grades.csv gets `late_by` (hours after the due date in effect, extension included; 0 when on time;
 empty when there is no due date or the hand-in time is unknown) and `penalty` (points taken); `total`
@@ -32,18 +49,24 @@ from __future__ import annotations
 
 import difflib
 import math
-from dataclasses import dataclass, field, replace
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
 from datetime import date, datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import tomllib
 
+from grader.results import Note, NoteKind, Result, points
+
 FEEDBACK_MODES = ("after-release", "at-once")
 DEFAULT_FEEDBACK = "after-release"
-TOP_KEYS = {"timezone", "feedback", "due", "late", "extension"}
+TOP_KEYS = {"timezone", "feedback", "due", "late", "extension", "override"}
 LATE_KEYS = {"grace_minutes", "per_day", "of", "max_days"}
 EXTENSION_KEYS = {"student", "assignment", "due", "days"}
+OVERRIDE_KEYS = {"student", "assignment", "exercise", "points", "reason"}
+LMS_ID = re.compile(r"_(\d+)$")  # the LMS user id collection puts at the end of an LMS-zip hand-in's key
 DATE_HELP = "write it as 2025-10-14 23:59 or 2025-10-14T23:59:00+02:00"
 
 
@@ -57,6 +80,17 @@ class Extension:
     assignment: str  # "" = every assignment
     due: datetime | None = None
     days: float = 0.0
+
+
+@dataclass(frozen=True)
+class Override:
+    """An exercise's points set by hand; applied after grading on every run (`settle`)."""
+
+    student: str
+    assignment: str
+    exercise: str
+    points: float
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -77,6 +111,8 @@ class Config:
     due: dict[str, datetime] = field(default_factory=dict)
     late: LatePolicy = LatePolicy()
     extensions: tuple[Extension, ...] = ()
+    overrides: tuple[Override, ...] = ()
+    matched: tuple[str, ...] = ()  # names matched to a student key other than by equality (`check_students`)
 
     @property
     def tz(self) -> ZoneInfo:
@@ -175,13 +211,8 @@ def parse_config(text: str, assignments: list[str], source: str = "") -> Config:
         of=of,
         max_days=(_number(late_table["max_days"], _where(source, "[late] max_days"))
                   if "max_days" in late_table else None))
-    entries = raw.get("extension", [])
-    if not isinstance(entries, list):
-        raise ConfigError(f"{_where(source, 'extension')}: write each extension as an [[extension]] table")
     extensions = []
-    for index, entry in enumerate(entries, 1):
-        where = _where(source, f"[[extension]] {index}")
-        _unknown(entry, EXTENSION_KEYS, where)
+    for where, entry in _tables(raw, "extension", EXTENSION_KEYS, source):
         student, assignment = entry.get("student"), entry.get("assignment", "")
         if not isinstance(student, str) or not student:
             raise ConfigError(f"{where}: needs student = \"<student key as in grades.csv>\"")
@@ -198,7 +229,41 @@ def parse_config(text: str, assignments: list[str], source: str = "") -> Config:
             student, assignment,
             due=_date(entry["due"], tz, f"{where} due") if "due" in entry else None,
             days=_number(entry["days"], f"{where} days") if "days" in entry else 0.0))
-    return Config(source=source, timezone=zone, feedback=feedback, due=due, late=late, extensions=tuple(extensions))
+    return Config(source=source, timezone=zone, feedback=feedback, due=due, late=late, extensions=tuple(extensions),
+                  overrides=_overrides(_tables(raw, "override", OVERRIDE_KEYS, source), assignments))
+
+
+def _tables(raw: dict, name: str, keys: set[str], source: str) -> list[tuple[str, dict]]:
+    """The file's [[name]] tables, each with where it is (for messages), their keys checked."""
+    entries = raw.get(name, [])
+    if not isinstance(entries, list):
+        raise ConfigError(f"{_where(source, name)}: write each {name} as an [[{name}]] table")
+    found = []
+    for index, entry in enumerate(entries, 1):
+        where = _where(source, f"[[{name}]] {index}")
+        _unknown(entry, keys, where)
+        found.append((where, entry))
+    return found
+
+
+def _overrides(tables: list[tuple[str, dict]], assignments: list[str]) -> tuple[Override, ...]:
+    """The [[override]] tables, each complete; the exercise and the points are checked against the class later."""
+    found = []
+    for where, entry in tables:
+        missing = sorted(OVERRIDE_KEYS - set(entry))
+        if missing:
+            raise ConfigError(f"{where}: needs {missing[0]} = … (an override has {', '.join(sorted(OVERRIDE_KEYS))})")
+        texts = {key: entry[key] for key in ("student", "assignment", "exercise", "reason")}
+        empty = next((key for key, value in texts.items() if not isinstance(value, str) or not value.strip()), None)
+        if empty:
+            raise ConfigError(f"{where}: {empty} = {entry[empty]!r}: must be a non-empty string")
+        if entry["assignment"] not in assignments:
+            hint = difflib.get_close_matches(entry["assignment"], assignments, n=1)
+            raise ConfigError(f"{where}: assignment {entry['assignment']!r}: no such assignment"
+                              + (f" (did you mean {hint[0]}?)" if hint else f" (known: {', '.join(assignments)})"))
+        found.append(Override(entry["student"], entry["assignment"], entry["exercise"],
+                              _number(entry["points"], f"{where} points"), entry["reason"].strip()))
+    return tuple(found)
 
 
 def load_config(path: Path | None, assignments: list[str]) -> Config:
@@ -212,13 +277,66 @@ def load_config(path: Path | None, assignments: list[str]) -> Config:
     return parse_config(text, assignments, str(path))
 
 
-def check_students(config: Config, students: set[str]) -> None:
-    """Raise ConfigError when an extension names a student who is not in the class."""
-    for index, ext in enumerate(config.extensions, 1):
-        if ext.student not in students:
-            hint = difflib.get_close_matches(ext.student, sorted(students), n=1)
-            raise ConfigError(f"{_where(config.source, f'[[extension]] {index}')}: student {ext.student!r} handed "
-                              "nothing in and is not in the class" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+def _student_key(name: str, students: set[str], where: str) -> tuple[str, str]:
+    """(the key of the one student `name` names, how it matched: '' when equal); ConfigError for none or two."""
+    if name in students:
+        return name, ""
+    own = LMS_ID.sub("", name).lower()
+    ways = [("by LMS id", [s for s in students if (m := LMS_ID.search(s)) and m.group(1) == name]),
+            ("by name: the key without its LMS id", [s for s in students if LMS_ID.search(s) and
+                                                     LMS_ID.sub("", s).lower() == name.lower()]),
+            ("by name: the folder name", [s for s in students if LMS_ID.search(name) and s.lower() == own])]
+    for how, found in ways:
+        if len(found) > 1:
+            raise ConfigError(f"{where}: student {name!r} could be {' or '.join(sorted(found))} ({how}): "
+                              "name one by its key as grades.csv spells it")
+        if found:
+            return found[0], how
+    hint = difflib.get_close_matches(name, sorted(students), n=1)
+    raise ConfigError(f"{where}: student {name!r} handed nothing in and is not in the class"
+                      + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+
+
+def check_students(config: Config, students: set[str], exercises: dict[str, dict[str, float]] | None = None) -> Config:
+    """`config` with every student named by their key, once it is shown to fit the class; else ConfigError.
+
+    Each extension and override must name exactly one student (by key, LMS id or folder name: `_student_key`);
+    with `exercises` (assignment → test cell → its points), an override must name one of the assignment's
+    exercises and give it between 0 and its points. `matched` says which names were matched other than by key.
+    """
+    matched: list[str] = []
+
+    def key(name: str, where: str) -> str:
+        found, how = _student_key(name, students, where)
+        if how:
+            matched.append(f"{where}: student {name!r} is {found} ({how})")
+        return found
+
+    extensions = tuple(replace(ext, student=key(ext.student, _where(config.source, f"[[extension]] {index}")))
+                       for index, ext in enumerate(config.extensions, 1))
+    overrides: list[Override] = []
+    seen: dict[tuple[str, str, str], int] = {}
+    for index, o in enumerate(config.overrides, 1):
+        where = _where(config.source, f"[[override]] {index}")
+        o = replace(o, student=key(o.student, where))
+        top = (exercises or {}).get(o.assignment)
+        if top is not None and o.exercise not in top:
+            hint = difflib.get_close_matches(o.exercise, list(top), n=1)
+            raise ConfigError(f"{where}: exercise {o.exercise!r}: {o.assignment} has no such exercise"
+                              + (f" (did you mean {hint[0]!r}?)" if hint else f" (it has {', '.join(top)})"))
+        if top is not None and o.points > top[o.exercise]:
+            raise ConfigError(f"{where}: points = {o.points:g}: {o.exercise} is worth {top[o.exercise]:g} at most")
+        same = (o.student, o.assignment, o.exercise)
+        if same in seen:
+            raise ConfigError(f"{where}: {o.student}'s {o.exercise} in {o.assignment} is overridden already by "
+                              f"[[override]] {seen[same]}: keep one")
+        seen[same] = index
+        overrides.append(o)
+    return replace(config, extensions=extensions, overrides=tuple(overrides), matched=tuple(matched))
+
+
+def overrides_for(config: Config, student: str, assignment: str) -> list[Override]:
+    return [o for o in config.overrides if (o.student, o.assignment) == (student, assignment)]
 
 
 # --- measuring a hand-in ----------------------------------------------------------------------------------
@@ -282,6 +400,29 @@ def lateness(config: Config, student: str, assignment: str, submitted_at: str) -
         why = (f"{days} started day{'s' if days > 1 else ''} late × {policy.per_day:g} % = "
                f"{100 * fraction:g} % of the {'points earned' if policy.of == 'earned' else 'maximum points'} taken")
     return replace(base, fraction=fraction, note=f"handed in {hours:g} h after the due date {_iso(due)}: {why}")
+
+
+def settle(result: Result, late: Lateness | dict, overrides: Sequence[Override | dict] = ()) -> Result:
+    """Decide a graded row's final points, in place: the overrides replace the autograder's points, then the
+    late policy takes its share (`penalty`). The one place this is done; settling a row again gives the same row."""
+    for exercise, was in result.overrides.items():  # back to the autograder's points first
+        result.scores[exercise] = was["graded"]
+    result.overrides = {}
+    result.status = [note for note in result.status if note.kind is not NoteKind.REGRADED]
+    for entry in overrides:
+        o = entry if isinstance(entry, Override) else Override(**entry)
+        if o.exercise not in result.max_scores:  # a row nothing was graded for (an unknown assignment)
+            continue
+        graded = result.scores.get(o.exercise, 0.0)
+        result.overrides[o.exercise] = {"graded": graded, "points": o.points, "reason": o.reason}
+        result.scores[o.exercise] = o.points
+        result.status.append(Note(NoteKind.REGRADED, f"regraded by hand: {o.exercise} {points(graded)} → "
+                                                     f"{points(o.points)} of {points(result.max_scores[o.exercise])} "
+                                                     f"({o.reason})"))
+    late = Lateness(**late) if isinstance(late, dict) else late
+    result.lateness = asdict(late) if late.due else {}
+    result.penalty = penalty(sum(result.scores.values()), sum(result.max_scores.values()), late)
+    return result
 
 
 def penalty(points: float, max_points: float, late: Lateness | dict) -> float:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import html
 import re
 from pathlib import Path
@@ -139,16 +140,30 @@ def _verdict(v, mistakes: dict[str, str], released: bool) -> str:
             + (f"<br><i>This looks like a known mistake: {_text(mistakes[v.test])}.</i>" if v.test in mistakes else ""))
 
 
+def _regraded(graded: Graded, overrides: dict[str, dict]) -> tuple[Graded, str]:
+    """The verdicts with the instructor's overrides in place (Result.overrides, from grader/collect/deadlines.py's
+    `settle`), and the page's line that says so ("" when there are none)."""
+    if not overrides:
+        return graded, ""
+    verdicts = {test: dataclasses.replace(v, points=overrides[test]["points"]) if test in overrides else v
+                for test, v in graded.verdicts.items()}
+    said = "; ".join(f"{html.escape(test)}: {points(o['graded'])} → {points(o['points'])} points — {_text(o['reason'])}"
+                     for test, o in overrides.items())
+    return dataclasses.replace(graded, verdicts=verdicts), f"<p><b>Regraded by hand:</b> {said}.</p>"
+
+
 def write_feedback(path: Path, *, student: str, assignment: str, notebook: nbformat.NotebookNode, graded: Graded,
                    status: list[Note], mistakes: dict[str, str] | None = None, mode: str = "after-release",
-                   late: str = "", penalty: float = 0.0) -> None:
+                   late: str = "", penalty: float = 0.0, overrides: dict[str, dict] | None = None) -> None:
     """Write the feedback page for one graded submission; `mistakes`: test → the known mistake it looks like.
 
     `mode` is "after-release" (messages and known mistakes shown) or "at-once" (points per test only);
-    `late` says how late the hand-in was ("" when on time) and `penalty` the points that cost.
+    `late` says how late the hand-in was ("" when on time) and `penalty` the points that cost;
+    `overrides` the exercises the instructor regraded by hand (`_regraded`).
     """
     if mode not in MODES:
         raise ValueError(f"feedback mode {mode!r}: must be one of {', '.join(MODES)}")
+    graded, regraded = _regraded(graded, overrides or {})
     released = mode == "after-release"
     total = sum(v.points for v in graded.verdicts.values())
     maximum = sum(v.max_points for v in graded.verdicts.values())
@@ -167,7 +182,7 @@ def write_feedback(path: Path, *, student: str, assignment: str, notebook: nbfor
         f"{assignment} — feedback for {student}", STYLE,
         f"<h1>{html.escape(assignment)}</h1><p>Feedback for <b>{html.escape(student)}</b>: "
         f"<b>{points(total)} / {points(maximum)}</b> points{' before the late penalty' if penalty else ''}.</p>"
-        f"{late_line}{held}"
+        f"{regraded}{late_line}{held}"
         f"<table><tr><th>test</th><th>points</th><th>verdict</th></tr>{rows}</table>"
         f"<h2>Notes</h2><ul>{notes}</ul><h2>Your notebook, as graded</h2>{body}")
     if len(page) > MAX_PAGE_CHARS:

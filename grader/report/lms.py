@@ -52,6 +52,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grader.collect.submissions import slug
+from grader.report import moodle
+
 FORMATS = ("canvas", "gradescope", "moodle")
 TRAILING_ID = re.compile(r"_(\d+)$")
 # What each kind of roster must have, and what gives another LMS's roster away.
@@ -99,6 +102,12 @@ class Roster:
     ids: list[tuple[str, bool]] = field(default_factory=list)  # (column, the key's trailing number may match it)
     login: str = ""
     email: str = ""
+    shown: list[str] = field(default_factory=list)  # the file's own header (Moodle's in any language: moodle.py)
+    participant: str = "Participant"  # the word before the number in a Moodle worksheet's Identifier cells
+
+    def own(self, column: str) -> str:
+        """The file's own name of the column `header` calls `column` (what OUT.csv's header says)."""
+        return self.shown[self.header.index(column)] if self.shown and column in self.header else column
 
     def cell(self, row: list[str], column: str) -> str:
         return row[self.header.index(column)].strip() if column in self.header else ""
@@ -112,7 +121,7 @@ class Roster:
 
     def lms_id(self, row: list[str], column: str) -> str:
         value = self.cell(row, column)
-        return value.removeprefix("Participant").strip() if column == "Identifier" else value
+        return value.removeprefix(self.participant).strip() if column == "Identifier" else value
 
 
 def _kind(fmt: str, header: set[str]) -> str:
@@ -145,10 +154,15 @@ def read_roster(path: Path, fmt: str) -> Roster:
     if not numbered:
         raise RosterError(f"{path}: empty — expected {EXAMPLE[_kind(fmt, set())]}")
     header_line, header = numbered[0]
-    header = [h.strip() for h in header]
+    shown = header = [h.strip() for h in header]
+    participant = "Participant"
+    if fmt == "moodle":
+        header, participant = moodle.english_header(header, [row for _, row in numbered[1:]])
+    foreign = header is not shown
     names = set(header)
     kind = _kind(fmt, names)
-    missing = [c for c in REQUIRED[kind] if c not in names]
+    # a worksheet in another language may show no date yet to find its Last modified (grade) by: kept as it is
+    missing = [c for c in REQUIRED[kind] if c not in names and not (foreign and c == "Last modified (grade)")]
     if kind == "moodle-gradebook" and not {"Last name", "Surname"} & names:
         missing.append("Last name")
     if kind == "gradescope" and not ({"Name", "Full Name"} & names or {"First Name", "Last Name"} <= names):
@@ -171,7 +185,7 @@ def read_roster(path: Path, fmt: str) -> Roster:
                               "(a comma inside an unquoted name?)")
         rows.append([c.strip() for c in row])
         lines.append(number)
-    roster = Roster(kind, path, header, rows, lines, points)
+    roster = Roster(kind, path, header, rows, lines, points, shown=shown, participant=participant)
     if kind == "canvas":
         roster.ids = [("ID", True), ("SIS User ID", False)]
         roster.login = "SIS Login ID" if "SIS Login ID" in names else ""
@@ -199,8 +213,8 @@ def read_roster(path: Path, fmt: str) -> Roster:
     if kind == "moodle-worksheet":
         for row, number in zip(rows, lines):
             if roster.cell(row, "Identifier") and not re.fullmatch(r"\d+", roster.lms_id(row, "Identifier")):
-                raise RosterError(f"{path}, row {number}, column 'Identifier': {roster.cell(row, 'Identifier')!r} "
-                                  "is not 'Participant <number>'")
+                raise RosterError(f"{path}, row {number}, column {roster.own('Identifier')!r}: "
+                                  f"{roster.cell(row, 'Identifier')!r} is not '{participant} <number>'")
     return roster
 
 
@@ -216,8 +230,10 @@ class Match:
 def match_students(roster: Roster, students: list[str]) -> tuple[list[Match], list[str], list[int]]:
     """(matches, hand-ins that match no roster row, roster rows no hand-in matches).
 
-    By LMS id, then login, then email; the first rule that finds exactly one row decides. Two hand-ins
-    that match the same roster row are an ExportError: one student must not get two grades.
+    By LMS id, then login, then email, then — for Moodle, whose gradebook export does not have the participant
+    number a Moodle zip puts in our keys — by full name, when exactly one roster row has it; the first rule that
+    finds a row decides. Two hand-ins that match the same roster row are an ExportError: one student must not get
+    two grades.
     """
     index: dict[tuple[str, str], int] = {}
     for i, row in enumerate(roster.rows):
@@ -225,6 +241,8 @@ def match_students(roster: Roster, students: list[str]) -> tuple[list[Match], li
             value = roster.lms_id(row, column).lower()
             if value:
                 index[column, value] = i
+    names = [slug(roster.name(row)).lower() for row in roster.rows] if roster.kind.startswith("moodle") else []
+    by_name = {name: i for i, name in enumerate(names) if name and names.count(name) == 1}
     matches, unmatched = [], []
     for student in students:
         key = student.lower()
@@ -234,17 +252,19 @@ def match_students(roster: Roster, students: list[str]) -> tuple[list[Match], li
         for column, by_number in roster.ids:
             for value in ([number.group(1)] if number and by_number else []) + [key]:
                 if (column, value) in index:
-                    found = Match(student, index[column, value], f"id ({column})")
+                    found = Match(student, index[column, value], f"id ({roster.own(column)})")
                     break
             if found:
                 break
         if not found and roster.login:
             for value in dict.fromkeys([key, stem]):
                 if (roster.login, value) in index:
-                    found = Match(student, index[roster.login, value], f"login ({roster.login})")
+                    found = Match(student, index[roster.login, value], f"login ({roster.own(roster.login)})")
                     break
         if not found and roster.email and (roster.email, key) in index:
-            found = Match(student, index[roster.email, key], f"email ({roster.email})")
+            found = Match(student, index[roster.email, key], f"email ({roster.own(roster.email)})")
+        if not found and stem in by_name:
+            found = Match(student, by_name[stem], "full name")
         if found:
             matches.append(found)
         else:
@@ -289,8 +309,9 @@ def read_grades(graded: Path) -> dict[str, dict[str, Grade]]:
 
 
 def _number(text: str) -> float | None:
+    """A number as an LMS writes it: '10.00', or '10,00' where the site's language has a decimal comma."""
     try:
-        return float(text)
+        return float(text.replace(",", ".") if "." not in text and text.count(",") == 1 else text)
     except ValueError:
         return None
 
@@ -302,8 +323,26 @@ def _hms(hours: str) -> str:
 
 def _column_for(roster: Roster, assignment: str) -> str:
     """The roster's own column for `assignment` when it has one (so the LMS updates it), else the name."""
-    pattern = re.compile(rf"(?:[^:]+:\s*)?{re.escape(assignment)}(?:\s*\((?:\d+|Real)\))?", re.I)
+    pattern = re.compile(rf"(?:[^:]+:\s*)?{re.escape(assignment)}(?:\s*\([^()]*\))?", re.I)
     return next((h for h in roster.header if pattern.fullmatch(h)), assignment)
+
+
+def _worksheet(roster: Roster, matches: list[Match], grades: dict[str, Grade | None], maximum: str,
+               notes: list[str]) -> list[list[str]]:
+    """The Moodle worksheet as it came (its own header), with Grade filled for every matched student."""
+    grade_at = roster.header.index("Grade")
+    tops = {roster.cell(r, "Maximum Grade") for r in roster.rows} - {""}
+    if tops and any(_number(t) != _number(maximum) for t in tops):
+        notes.append(f"the worksheet's {roster.own('Maximum Grade')} is {', '.join(sorted(tops))}, grades.csv's max_total "
+                     f"{maximum}: the totals are exported as they are")
+    comma = any("," in t for t in tops)  # grades written as the worksheet writes its numbers
+    rows = [list(roster.shown)]
+    for m in sorted(matches, key=lambda m: m.row):
+        row = list(roster.rows[m.row])
+        if (grade := grades[m.student]) is not None:
+            row[grade_at] = grade.total.replace(".", ",") if comma else grade.total
+        rows.append(row)
+    return rows
 
 
 def export(graded: Path, roster: Roster, out: Path, assignments: list[str] | None = None) -> dict:
@@ -318,6 +357,10 @@ def export(graded: Path, roster: Roster, out: Path, assignments: list[str] | Non
         raise ExportError(f"a Moodle grading worksheet is for one assignment; grades.csv has {', '.join(chosen)}: "
                           "pass --assignment NAME")
     matches, unmatched, without = match_students(roster, sorted(grades))
+    if not matches:
+        raise ExportError(f"no hand-in in {graded}/grades.csv matches a row of {roster.path} (by id, login, email"
+                          f"{' or full name' if roster.kind.startswith('moodle') else ''}; hand-ins: "
+                          f"{', '.join(unmatched[:3])}{' …' if len(unmatched) > 3 else ''}): is it this class's roster?")
     maxima = {a: next(g[a].max_total for g in grades.values() if a in g) for a in chosen}
     rows: list[list[str]] = []
     notes: list[str] = []
@@ -339,23 +382,16 @@ def export(graded: Path, roster: Roster, out: Path, assignments: list[str] | Non
                         [grades[m.student][a].total if a in grades[m.student] else "" for a in chosen])
     elif roster.kind == "moodle-gradebook":
         identity = [c for c in roster.header if c in MOODLE_IDENTITY]
-        rows.append(identity + [_column_for(roster, a) for a in chosen])
+        rows.append([roster.own(c) for c in identity] + [_column_for(roster, a) for a in chosen])
         for m in sorted(matches, key=lambda m: m.row):
             row = roster.rows[m.row]
             rows.append([roster.cell(row, c) for c in identity] +
                         [grades[m.student][a].total if a in grades[m.student] else "" for a in chosen])
     elif roster.kind == "moodle-worksheet":
         (assignment,) = chosen
-        rows.append(list(roster.header))
-        grade_at = roster.header.index("Grade")
-        tops = {roster.cell(r, "Maximum Grade") for r in roster.rows} - {""}
-        if tops and any(_number(t) != _number(maxima[assignment]) for t in tops):
-            notes.append(f"the worksheet's Maximum Grade is {', '.join(sorted(tops))}, grades.csv's max_total "
-                         f"{maxima[assignment]}: the totals are exported as they are")
-        for m in sorted(matches, key=lambda m: m.row):
-            row = list(roster.rows[m.row])
-            row[grade_at] = grades[m.student][assignment].total if assignment in grades[m.student] else row[grade_at]
-            rows.append(row)
+        rows += _worksheet(roster, matches, {m.student: grades[m.student].get(assignment) for m in matches},
+                           maxima[assignment], notes)
+        notes += [stale] if (stale := moodle.stale_worksheet(roster.path, graded / "grades.csv")) else []
     else:  # gradescope
         identity = [c for c in roster.header if c in GRADESCOPE_IDENTITY]
         header = list(identity)

@@ -7,7 +7,9 @@ script, nothing fetched (its Content-Security-Policy forbids both) — and repor
 - per exercise: the mean, how many hand-ins earned full / partial / zero points, a discrimination index,
   and why the others failed: each known mistake (grader/mutants/*.toml) with its count and share, "not answered"
   (the stub still raised NotImplementedError) and "unrecognised" (a failure no known mistake explains);
-- status counts (ok, tampered, timeout, …) with the students listed, and a "look at these" list.
+- status counts (ok, tampered, timeout, …) with the students listed, and a "look at these" list;
+- similar hand-ins: pairs whose answer cells share more code than honest answers do, with the shared lines
+  (grader/report/similarity.py; never a grade change).
 
 Statistics count *graded hand-ins*: rows where a notebook was graded (not "no submission", "missing
 notebook", "invalid notebook", refused or unknown folders). The discrimination index is the item–rest
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import cast
 
 from grader.report.page import html_page
+from grader.report.similarity import similarity
 from grader.results import Note, NoteKind, points
 
 DISCRIMINATION = ("item–rest correlation: Pearson's r between the exercise's points and the rest of the hand-in's "
@@ -118,6 +121,7 @@ def analyse(results: list[dict]) -> dict:
         "assignments": assignments,
         "status": {c: {"count": len(v), "students": v} for c, v in status.items() if v},
         "look_at": look_at,
+        "similarity": similarity(results),
     }
 
 
@@ -302,7 +306,32 @@ def render(data: dict) -> str:
                     f"<tr><td>{_e(s['student'])}</td><td class=n>{points(s['late_by_h'])}</td>"
                     f"<td class=n>{points(s['penalty'])}</td><td>{_e(s['note'])}</td></tr>" for s in late["students"])
                     + "</table>")
+    parts.append(_similar(data["similarity"]))
     return html_page("Class report", STYLE, "".join(parts))
+
+
+def _similar(data: dict) -> str:
+    """The similar pairs of each assignment, with the lines each side shares (escaped)."""
+    t = data["thresholds"]
+    head = (f"<h2>Similar hand-ins</h2><p class=muted>Answer cells compared by {_e(data['method'])}. A pair is listed "
+            f"when it shares at least {t['share']:.0%} of the smaller hand-in's fingerprints and {t['min_tokens']} tokens "
+            f"of code ({t['k_tokens']}-token k-grams, window {t['window']}; {_e(t['common'])}). Grades are not changed: "
+            "read the pair side by side.</p>")
+    rows = []
+    for name, a in data["assignments"].items():
+        for pair in a["pairs"]:
+            shared = "".join(f"<details><summary>{_e(c['cell'])}</summary><table><tr><th>{_e(pair['students'][0])}</th>"
+                             f"<th>{_e(pair['students'][1])}</th></tr><tr><td><pre>{_e(chr(10).join(c['lines'][0]))}"
+                             f"</pre></td><td><pre>{_e(chr(10).join(c['lines'][1]))}</pre></td></tr></table></details>"
+                             for c in pair["cells"])
+            rows.append(f"<tr><td>{_e(name)}</td><td>{_e(' and '.join(pair['students']))}</td>"
+                        f"<td class=n>{pair['similarity']:.0%}</td><td class=n>{pair['shared_tokens']}</td>"
+                        f"<td>{shared}</td></tr>")
+    if not rows:
+        compared = ", ".join(f"{a['compared']} of {_e(n)}" for n, a in data["assignments"].items()) or "none"
+        return head + f"<p>No pair above the threshold (hand-ins compared: {compared}).</p>"
+    return head + ("<table><tr><th>assignment</th><th>hand-ins</th><th>shared fingerprints</th><th>shared tokens</th>"
+                   "<th>shared lines</th></tr>" + "".join(rows) + "</table>")
 
 
 def write_report(graded: Path, out: Path | None = None) -> Path:

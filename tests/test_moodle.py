@@ -1,0 +1,106 @@
+"""Moodle in any language (issue 22 item 2): the worksheet and gradebook export read by what their columns hold, OUT.csv
+with the file's own headers, a Moodle-zip class matched by both routes, and a warning for a worksheet older than the grades.
+
+The Spanish and German headers below follow Moodle's language packs where the research notes verified them (`ID` and
+`Teilnehmer/in`, `Identificador` and `Participante`, `La calificación puede cambiarse`); the others are stand-ins: the
+reader never looks at a non-English header's words.
+"""
+
+import os
+
+from test_lms import graded, parse, write  # noqa: F401  (graded is a fixture)
+
+from grader.report.lms import export, read_roster
+from grader.report.moodle import english_header
+
+
+def worksheet(path, people=(("101", "Ada Lovelace", "ada@uni.example"), ("102", "Bo Chen", "bo@uni.example"))):
+    return write(path, [
+        ["ID", "Vollständiger Name", "E-Mail-Adresse", "Status", "Bewertung", "Höchste Bewertung",
+         "Bewertung kann geändert werden", "Zuletzt geändert (Abgabe)", "Zuletzt geändert (Bewertung)", "Feedback"],
+        *[[f"Teilnehmer/in {n}", name, email, "Zur Bewertung abgegeben", "", "10,00", "Ja",
+           "Dienstag, 14. Januar 2030, 10:00", "-", ""] for n, name, email in people]])
+
+
+def test_a_german_worksheet_keeps_its_headers_and_gets_the_grades_in_its_own_column(graded, tmp_path):  # noqa: F811
+    sheet = worksheet(tmp_path / "Bewertungstabelle.csv")
+    roster = read_roster(sheet, "moodle")
+    assert roster.kind == "moodle-worksheet" and roster.participant == "Teilnehmer/in"
+    assert [roster.own(c) for c in ("Identifier", "Grade", "Maximum Grade", "Email address")] == [
+        "ID", "Bewertung", "Höchste Bewertung", "E-Mail-Adresse"]
+    done = export(graded, roster, tmp_path / "out.csv")
+    header, *rows = parse(tmp_path / "out.csv")
+    assert header == parse(sheet)[0]
+    assert [(r[0], r[4]) for r in rows] == [("Teilnehmer/in 101", "10"), ("Teilnehmer/in 102", "6,3")]
+    assert {m.student: m.how for m in done["matched"]} == {"Ada-Lovelace_101": "id (ID)", "Bo-Chen_102": "id (ID)"}
+    assert done["notes"] == []  # 10,00 is the 10 points grades.csv has
+
+
+def test_a_spanish_gradebook_export_matches_a_moodle_zip_class_by_full_name_and_email(graded, tmp_path):  # noqa: F811
+    book = write(tmp_path / "calificaciones.csv", [
+        ["Nombre", "Apellido(s)", "Número de ID", "Institución", "Departamento", "Dirección de correo",
+         "Tarea: 01_gradient_descent (Real)", "Última descarga de este curso"],
+        ["Ada", "Lovelace", "", "Uni", "CS", "ada@uni.example", "-", "1700000000"],
+        ["Bo", "Chen", "", "Uni", "CS", "bo@uni.example", "-", "1700000000"],
+        ["Eve", "Vee", "", "Uni", "CS", "eve@uni.example", "-", "1700000000"]])
+    done = export(graded, read_roster(book, "moodle"), tmp_path / "out.csv")
+    header, *rows = parse(tmp_path / "out.csv")
+    assert header == ["Nombre", "Apellido(s)", "Número de ID", "Institución", "Departamento", "Dirección de correo",
+                      "Tarea: 01_gradient_descent (Real)"]
+    assert [r[0] + ":" + r[-1] for r in rows] == ["Ada:10", "Bo:6.3", "Eve:8"]
+    assert {m.student: m.how for m in done["matched"]} == {
+        "Ada-Lovelace_101": "full name", "Bo-Chen_102": "full name", "eve@uni.example": "email (Dirección de correo)"}
+
+
+def test_the_columns_are_found_by_what_they_hold():
+    sheet = [["Identificador", "Nombre completo", "Estado", "Calificación", "Calificación máxima",
+              "La calificación puede cambiarse", "Última modificación (entrega)", "Última modificación (calificación)",
+              "Comentarios de retroalimentación"],
+             ["Participante 7", "Zoë Ruiz", "Enviado", "7,5", "10,00", "Sí", "lunes, 13 de enero de 2030", "-", ""]]
+    english, word = english_header(sheet[0], sheet[1:])
+    assert word == "Participante" and english == [
+        "Identifier", "Full name", "Estado", "Grade", "Maximum Grade", "La calificación puede cambiarse",
+        "Última modificación (entrega)", "Last modified (grade)", "Comentarios de retroalimentación"]
+    english_one = ["Identifier", "Full name", "Grade", "Last modified (grade)"]
+    assert english_header(english_one, [["Participant 1", "A", "", "-"]]) == (english_one, "Participant")
+
+
+def test_a_worksheet_older_than_the_grades_is_warned_about(graded, tmp_path):  # noqa: F811
+    sheet = worksheet(tmp_path / "old.csv")
+    grades = graded / "grades.csv"
+    os.utime(sheet, (grades.stat().st_mtime - 3600,) * 2)
+    done = export(graded, read_roster(sheet, "moodle"), tmp_path / "out.csv")
+    (note,) = done["notes"]
+    assert note.startswith("the worksheet old.csv (") and "is older than these grades" in note
+    assert "download the worksheet again before uploading" in note
+
+
+def test_a_roster_that_matches_nobody_is_refused(graded, tmp_path):  # noqa: F811
+    import pytest
+
+    from grader.report.lms import ExportError
+
+    sheet = worksheet(tmp_path / "other-class.csv", people=(("555", "Ann Other", "ann@else.example"),))
+    with pytest.raises(ExportError, match="matches a row of .*other-class.csv .*is it this class's roster"):
+        export(graded, read_roster(sheet, "moodle"), tmp_path / "out.csv")
+
+
+def test_a_class_collected_from_a_moodle_zip_matches_both_routes(tmp_path):
+    import zipfile
+
+    from grader.collect.submissions import unpack_zip
+    from grader.course import assignments
+    from grader.report.lms import match_students
+
+    archive = tmp_path / "submissions.zip"
+    with zipfile.ZipFile(archive, "w") as zf:  # Moodle's "download as folders": <Full Name>_<id>_assignsubmission_file_/
+        for name, number in (("Ada Lovelace", 101), ("Bo Chen", 102)):
+            zf.writestr(f"{name}_{number}_assignsubmission_file_/01_gradient_descent.ipynb", "{}")
+    students = sorted(p.name for p in unpack_zip(archive, tmp_path / "class", assignments()).iterdir())
+    assert students == ["Ada-Lovelace_101", "Bo-Chen_102"]
+    book = write(tmp_path / "book.csv", [
+        ["Nombre", "Apellido(s)", "Número de ID", "Institución", "Departamento", "Dirección de correo"],
+        ["Bo", "Chen", "", "", "", "bo@uni.example"], ["Ada", "Lovelace", "", "", "", "ada@uni.example"]])
+    for roster in (read_roster(worksheet(tmp_path / "sheet.csv"), "moodle"), read_roster(book, "moodle")):
+        matches, unmatched, without = match_students(roster, students)
+        assert len(matches) == 2 and unmatched == [] and without == [], roster.kind

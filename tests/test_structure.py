@@ -22,7 +22,6 @@ ALLOWED_LONG_MODULES = {
 }
 ALLOWED_LONG_FUNCTIONS = {
     "grader/batch/autograde.py::autograde",  # issue 24, autograde() split (the batch helper)
-    "grader/report/lms.py::export",  # issue 22, the LMS exports reworked (the platforms helper)
 }
 
 

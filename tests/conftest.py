@@ -47,28 +47,42 @@ def _the_fast_tier_starts_no_process(request, monkeypatch):
 
 
 
-# `./course test` runs the suite on every core (pytest-xdist, --dist loadgroup): each file is one group, so
-# a module's costly fixtures (a graded class, a JupyterLab server, a fork server) are built once, and the files
-# that share conftest.executed's one run of every solution notebook form one group. Groups are handed out
-# longest first, so that no long one starts last; the order follows what each took in a measured run.
+# `./course test` runs the suite on every core (pytest-xdist, `--dist loadfile`): the tests of one file run in one
+# worker, so a module's costly fixtures (a graded class, a JupyterLab server, a fork server) are built once, and
+# the files that share conftest.executed's one run of every solution notebook form one group (the scheduler
+# below). Groups go out longest first, so that no long one starts last; the order follows a measured run.
 SHARED_GROUP = {"test_notebooks_execute.py": "solutions", "test_notebook_rules.py": "solutions",
                 "test_browser.py": "solutions"}
-LONGEST_FIRST = ["test_grading.py", "test_colab_like.py", "solutions", "test_class.py", "test_helpers_distributed.py",
-                 "test_shards.py", "test_sandbox.py", "test_report.py", "test_gpu_check.py", "test_collection.py",
-                 "test_feedback_browser.py"]
+LONGEST_FIRST = ["solutions", "test_grading.py", "test_colab_like.py", "test_class.py", "test_sandbox.py",
+                 "test_helpers_distributed.py", "test_overrides.py", "test_slurm.py", "test_shards.py", "test_report.py",
+                 "test_gradescope.py", "test_gpu_check.py", "test_feedback_browser.py", "test_collection.py"]
+
+
+def _group(nodeid: str) -> str:
+    file = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    return SHARED_GROUP.get(file, file)
 
 
 def pytest_collection_modifyitems(config, items):
-    def group(item) -> str:
-        return SHARED_GROUP.get(item.path.name, item.path.name)
-
     def rank(item) -> int:
-        name = group(item)
-        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+        group = _group(item.nodeid)
+        return LONGEST_FIRST.index(group) if group in LONGEST_FIRST else len(LONGEST_FIRST)
 
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group(item)))
     items.sort(key=rank)  # stable: within a group, and among the short ones, the collection's order
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` whose files in SHARED_GROUP go to one worker together (xdist's own `loadgroup` reads
+    groups from test ids it can no longer change under pytest 9)."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    return FileGroups(config, log)
 
 
 def autograde(submissions, out, *extra, check=True):

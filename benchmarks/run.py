@@ -176,6 +176,46 @@ def mistake_matching(assignment: str, jobs: int) -> tuple[float, float]:
     return record_s, (time.perf_counter() - start) / max(1, len(failed))
 
 
+def seccomp_cost(kernels: int = 40, calls: int = 200_000) -> tuple[float, float, float]:
+    """The sandbox's seccomp filter (grader/kernel/seccomp.py): ms to build it (once per fork server), ms to load
+    it (once per kernel: median over `kernels` forked children), ns it adds to a system call (getppid)."""
+    from grader.kernel import seccomp
+    from labkit.forking import fork_child
+
+    start = time.perf_counter()
+    seccomp.prepare()
+    build_ms = 1000 * (time.perf_counter() - start)
+
+    def in_child(measure) -> float:
+        read, write = os.pipe()
+        pid = fork_child(lambda: os.write(write, json.dumps(measure()).encode()) and None)
+        os.close(write)
+        os.waitpid(pid, 0)
+        with os.fdopen(read) as f:
+            return float(json.loads(f.read()))
+
+    def load_ms() -> float:
+        start = time.perf_counter()
+        seccomp.load()
+        return 1000 * (time.perf_counter() - start)
+
+    def call_ns(filtered: bool) -> float:
+        if filtered:
+            seccomp.load()
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            for _ in range(calls):
+                os.getppid()
+            best = min(best, (time.perf_counter() - start) / calls)
+        return 1e9 * best
+
+    loads = sorted(in_child(load_ms) for _ in range(kernels))
+    # children without and with the filter, alternating (a busy machine slows both alike): the median difference
+    added = sorted(in_child(lambda: call_ns(True)) - in_child(lambda: call_ns(False)) for _ in range(7))
+    return build_ms, loads[len(loads) // 2], added[len(added) // 2]
+
+
 def bootstrap_seconds() -> float:
     """Seconds for the notebooks' set-up cell as a student's first cell, in a fresh kernel that has everything."""
     kernel = plain_kernel_factory()()
@@ -219,6 +259,11 @@ def grading_benchmark(args: argparse.Namespace) -> None:
           f"matched against a failed test in {1000 * match_s:.2f} ms")
     if bare is not None:
         print(f"  the same --unsandboxed: {bare:6.1f} s ({100 * (seconds / bare - 1):+.1f} % for the sandbox)")
+    build_ms, load_ms, call_ns = seccomp_cost()
+    per_submission = seconds * args.jobs / args.copies
+    print(f"  seccomp filter (issue 21): {load_ms:.2f} ms to load per kernel (built once per worker in {build_ms:.0f} ms), "
+          f"{call_ns:+.0f} ns per system call; today's {per_submission:.3f} s per submission (on one worker) "
+          f"-> +{100 * load_ms / 1000 / per_submission:.2f} % for loading it")
 
 
 def main() -> int:

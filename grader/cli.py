@@ -1,4 +1,4 @@
-"""The instructor command line: release, check, autograde, report, export, merge, gradescope."""
+"""The instructor command line: release, check, edition, autograde, report, export, merge, gradescope."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _autograde(args: argparse.Namespace) -> int:
-    from grader.batch.autograde import GradingEnvironmentBroken, SandboxUnavailable, autograde
+    from grader.batch.autograde import GradingEnvironmentBroken, Interrupted, SandboxUnavailable, autograde
     from grader.batch.shards import ShardError, parse_shard
     from grader.collect.deadlines import ConfigError, load_config
     from grader.course import assignments
@@ -38,6 +38,10 @@ def _autograde(args: argparse.Namespace) -> int:
     if not args.submissions.exists():
         print(f"no such folder or zip: {args.submissions}", file=sys.stderr)
         return 2
+    if not args.unsandboxed:
+        from grader.kernel.limits import memory_enforcement
+
+        print(f"memory of each submission limited by {memory_enforcement()}", file=sys.stderr)
     try:
         config = load_config(args.config, [a.name for a in assignments()])
         shard = parse_shard(args.shard) if args.shard else None
@@ -45,14 +49,22 @@ def _autograde(args: argparse.Namespace) -> int:
                             only=args.assignment, force=args.force, sandboxed=not args.unsandboxed,
                             config=config, feedback=args.feedback, shard=shard)
     except (ConfigError, ShardError) as err:
-        print(f"nothing graded: {err}", file=sys.stderr)
+        print(f"nothing graded: {printable(str(err))}", file=sys.stderr)
         return 2
     except SandboxUnavailable as err:
         print(f"refusing to grade: {err}", file=sys.stderr)
         return 3
     except GradingEnvironmentBroken as err:
-        print(f"grading stopped, no grades written: {err}", file=sys.stderr)
+        print(f"grading stopped, no grades written: {printable(str(err))}", file=sys.stderr)
         return 4
+    except KeyboardInterrupt:  # before any worker started (collecting, unpacking): nothing to stop
+        print("\nstopped before grading began; nothing was graded", file=sys.stderr)
+        return 130
+    except Interrupted as err:
+        print(f"\n{err}", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)  # everything is written and every process gone: no seconds of interpreter teardown
     flagged = [r for r in results if r.status]
     print(f"graded {len(results)} submission(s) into {args.out / 'grades.csv'}; "
           f"feedback in {args.out / 'feedback'}; report in {args.out / 'report' / 'report.html'}; "
@@ -75,24 +87,26 @@ def _report(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     from grader.report.lms import ExportError, RosterError, export, read_roster
+    from grader.results import printable
 
     try:
         done = export(args.graded, read_roster(args.roster, args.format), args.out, args.assignment or None)
     except (RosterError, ExportError) as err:
-        print(f"nothing exported: {err}", file=sys.stderr)
+        print(f"nothing exported: {printable(str(err))}", file=sys.stderr)
         return 2
+    # Names, notes and assignments come from hand-ins and the roster: printed through the printable filter.
     print(f"wrote {args.out}: {len(done['matched'])} student(s) matched, for {args.format} "
-          f"({', '.join(done['assignments'])}); every match in {done['sidecar']}")
+          f"({printable(', '.join(done['assignments']))}); every match in {done['sidecar']}")
     for note in done["notes"]:
-        print(f"note: {note}")
+        print(f"note: {printable(str(note))}")
     if done["unmatched"]:
         print(f"{len(done['unmatched'])} hand-in(s) match no roster row (no grade exported for them):")
         for student in done["unmatched"]:
-            print(f"  {student}")
+            print(f"  {printable(str(student))}")
     if done["without"]:
         print(f"{len(done['without'])} roster student(s) have no hand-in (no grade exported for them):")
         for line, name in zip(done["without"], done["without_names"]):
-            print(f"  row {line}: {name}")
+            print(f"  row {line}: {printable(str(name))}")
     return 0
 
 
@@ -102,7 +116,9 @@ def _merge(args: argparse.Namespace) -> int:
     try:
         results = merge(args.out, args.shards)
     except ShardError as err:
-        print(f"nothing merged: {err}", file=sys.stderr)
+        from grader.results import printable
+
+        print(f"nothing merged: {printable(str(err))}", file=sys.stderr)
         return 2
     print(f"merged {len(args.shards)} shard(s), {len(results)} row(s), into {args.out / 'grades.csv'}; "
           f"feedback in {args.out / 'feedback'}; report in {args.out / 'report' / 'report.html'}")
@@ -155,15 +171,26 @@ def _selftest(args: argparse.Namespace) -> int:
     return 1 if problems or cribbed else 0
 
 
-def _bundle(args: argparse.Namespace) -> int:
-    from grader.author.bundle import bundle, bundle_leaks
+def _edition(args: argparse.Namespace) -> int:
+    from grader.author.bootstrap import settings
+    from grader.author.edition import EditionRefused, commit_and_tag, warnings_for, write_edition
 
-    files = bundle(args.out)
-    leaks = bundle_leaks(args.out)
-    for leak in leaks:
-        print(f"✗ leaked into the bundle: {leak}")
-    print(f"wrote {len(files)} files to {args.out}" + (f"; {len(leaks)} leak(s) — do not publish" if leaks else ""))
-    return 1 if leaks else 0
+    s = settings()
+    for warning in warnings_for(s):
+        print(f"warning: {warning}", file=sys.stderr)
+    try:
+        files = write_edition(args.out)
+        tag = commit_and_tag(args.out) if args.git else None
+    except EditionRefused as err:
+        print(f"no edition written: {err}", file=sys.stderr)
+        return 1
+    size = sum(p.stat().st_size for p in files)
+    print(f"wrote the student edition ({len(files)} files, {size / 2**20:.1f} MiB) to {args.out}")
+    if tag:
+        print(f"a git repository with the tag {tag}; publish it (public) with:\n"
+              f"  git -C {args.out} remote add origin {s.repository}.git  # once\n"
+              f"  git -C {args.out} push origin main {tag}")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -214,9 +241,13 @@ def build_parser() -> argparse.ArgumentParser:
                             help="hidden tests' messages shown after the due date (default) or points only, at once")
     gradescope.add_argument("--timeout", type=int, default=30, help="seconds per cell (default 30)")
     gradescope.set_defaults(run=_gradescope)
-    student_bundle = commands.add_parser("bundle", help="write what students receive (no solutions, hidden tests or mutants)")
-    student_bundle.add_argument("out", type=Path, help="a new folder")
-    student_bundle.set_defaults(run=_bundle)
+    edition = commands.add_parser("edition", aliases=["bundle"],
+                                  help="write the student edition: notebooks, helpers, its own README, pyproject and "
+                                       "course script; no solutions, hidden tests, grader or mutants")
+    edition.add_argument("out", type=Path, help="a new folder, or a git clone of an earlier edition (with --git)")
+    edition.add_argument("--git", action="store_true",
+                         help="commit it and tag it with the release tag of [tool.training-mechanics-lab] student-edition")
+    edition.set_defaults(run=_edition)
     selftest = commands.add_parser("selftest", help="grade reference, blank, mutant and crib submissions; fail on any surprise")
     selftest.add_argument("assignments", nargs="*", help="only these (default: all)")
     selftest.add_argument("--jobs", type=int, default=os.cpu_count())
@@ -233,4 +264,17 @@ def main(argv: list[str] | None = None) -> int:
 
     put_interpreter_on_path()
     args = build_parser().parse_args(argv)
+    if args.command == "autograde" and argv is None and not args.unsandboxed:
+        _prefer_a_memory_cgroup()
     return args.run(args)
+
+
+def _prefer_a_memory_cgroup() -> None:
+    """A grader with no memory cgroup reruns itself in a delegated systemd user scope, where there is one."""
+    from grader.kernel.limits import SCOPE_ENV, systemd_scope
+
+    scoped = systemd_scope([sys.executable, "-m", "grader", *sys.argv[1:]])
+    if scoped is not None:
+        print("grader: rerunning in a systemd user scope, for a memory cgroup per submission", file=sys.stderr)
+        os.environ[SCOPE_ENV] = "1"
+        os.execv(scoped[0], scoped)

@@ -28,6 +28,7 @@ class NoteKind(Enum):
     RENAMED = "renamed"  # graded under another file name than the release's
     EXTRA_FILES = "extra files"  # files beside the notebook, ignored
     REGRADED = "regraded by hand"  # an [[override]] in grading.toml set an exercise's points (grader/collect/deadlines.py)
+    TIME_IGNORED = "time ignored"  # the upload carried its own hand-in time (timestamp.txt); the LMS's was used
 
     @property
     def graded(self) -> bool:
@@ -38,7 +39,7 @@ class NoteKind(Enum):
     def look_at(self) -> bool:
         """Whether the report lists the row under "look at these" (an instructor should read the hand-in)."""
         return self in (NoteKind.TAMPERED, NoteKind.INTERFERENCE, NoteKind.TIMEOUT, NoteKind.KERNEL_DIED,
-                        NoteKind.LIMIT_HIT, NoteKind.SKIPPED, NoteKind.GRADER_ERROR)
+                        NoteKind.LIMIT_HIT, NoteKind.SKIPPED, NoteKind.GRADER_ERROR, NoteKind.TIME_IGNORED)
 
 
 @dataclass(frozen=True)

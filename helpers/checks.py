@@ -3,18 +3,63 @@
 Introduced in notebook 01. A check raises `CheckFailure` (an AssertionError) whose message names
 the function, what was expected, what came back, and — where the mismatch has a recognisable
 shape (sign flipped, constant factor, wrong shape) — what to look at.
+
+In a notebook a failed check shows only its message, without the frames of this module: IPython
+renders an exception that defines `_render_traceback_()` with the lines it returns.
+
+A test that calls an earlier exercise's function checks that function first, inside
+`with earlier_exercise(N, "name"):`, so a mistake there is reported as "exercise N (`name`) is wrong —
+fix it first", not blamed on the exercise under test.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 
+_RED, _RESET = "\x1b[1;31m", "\x1b[0m"
+
+
+def _message_only(error: BaseException) -> list[str]:
+    """The lines IPython shows for `error`: its class and message, no frames."""
+    head, *rest = str(error).splitlines() or [""]
+    return [f"{_RED}{type(error).__name__}{_RESET}: {head}", *rest]
+
 
 class CheckFailure(AssertionError):
-    """A failed exercise check; the message is the feedback the student reads (notebook 01)."""
+    """A failed exercise check; the message is the feedback the student reads, shown without a traceback (notebook 01)."""
+
+    def _render_traceback_(self) -> list[str]:
+        return _message_only(self)
+
+
+class ExerciseNotImplementedError(NotImplementedError):
+    """An earlier exercise that a test uses is still the stub; shown as its message alone (notebook 01)."""
+
+    def _render_traceback_(self) -> list[str]:
+        return _message_only(self)
+
+
+@contextlib.contextmanager
+def earlier_exercise(number: int, name: str) -> Iterator[None]:
+    """Blame what fails inside the block on exercise `number` (`name`), which the current test uses (notebook 01).
+
+    A failed check or an error becomes a CheckFailure "exercise N (`name`) is wrong — fix it first: …";
+    the stub's NotImplementedError becomes ExerciseNotImplementedError "… is not written yet — finish it first".
+    """
+    try:
+        yield
+    except NotImplementedError:
+        raise ExerciseNotImplementedError(
+            f"exercise {number} (`{name}`) is not written yet — finish it first (this test uses it).") from None
+    except CheckFailure as failure:
+        raise CheckFailure(f"exercise {number} (`{name}`) is wrong — fix it first (this test uses it). {failure}") from None
+    except Exception as error:  # any error of the earlier answer is that answer's to fix
+        raise CheckFailure(f"exercise {number} (`{name}`) is wrong — fix it first (this test uses it). It raised "
+                           f"{type(error).__name__}: {error}") from None
 
 
 def fail(message: str) -> None:

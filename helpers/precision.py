@@ -7,7 +7,8 @@ function (notebook 06's `amp_train_step`, the student's own) under one autocast 
 time per step, peak memory (CUDA only: torch has no allocator statistics for the CPU) and the final
 loss; `scripts/gpu_check.py` and notebook 06 both build their tables with it. On a GPU the fp32 row
 can be measured with TF32 matmuls off (true fp32) or on (`tf32=`), peak memory is counted above what was
-allocated before the run, and `bf16_support` says whether bf16 is native or emulated on the device.
+allocated before the run, `bf16_support` says whether bf16 is native or emulated on the device, and
+`tf32_support` whether the device has TF32 at all (a row that asked for it on a GPU without says so in its label).
 """
 
 from __future__ import annotations
@@ -61,6 +62,18 @@ def bf16_support(device: torch.device) -> str:
     return "emulated" if torch.cuda.is_bf16_supported() else "not supported"
 
 
+def tf32_support(device: torch.device) -> str:
+    """"native" when a CUDA device has TF32 tensor cores, "absent" when it has not, "cpu" for the CPU (notebook 06).
+
+    TF32 arrived with compute capability 8.0 (Ampere). Below it (a T4 is 7.5) `allow_tf32` is accepted and
+    changes nothing: the matmuls stay true fp32.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return "cpu"
+    return "native" if torch.cuda.get_device_capability(device) >= (8, 0) else "absent"
+
+
 @contextlib.contextmanager
 def tf32_matmuls(enabled: bool) -> Iterator[None]:
     """Switch TF32 for CUDA matmuls and cuDNN convolutions on or off inside the block, then restore both (notebook 06)."""
@@ -71,6 +84,21 @@ def tf32_matmuls(enabled: bool) -> Iterator[None]:
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+@contextlib.contextmanager
+def single_thread() -> Iterator[None]:
+    """Run the block on one CPU thread, then restore torch's thread count (notebook 06).
+
+    Small steps spend more time starting and joining threads than computing, and on a CPU that other programs
+    share, waiting threads stretch every tiny operation; one thread is faster there and gives steadier timings.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def make_mlp(width: int = 256, depth: int = 3, d_in: int = 64, d_out: int = 10, seed: int = 0) -> nn.Sequential:
@@ -144,7 +172,8 @@ def _measure(train_step: AmpStep, device: torch.device, dtype: torch.dtype | Non
         nonlocal skipped
         before = scaler.get_scale() if scaler.is_enabled() else 1.0
         with warnings.catch_warnings():
-            # the fp32 row asks autocast for float32, which it switches off with a warning: wanted here
+            # The fp32 row passes dtype=float32. CPU autocast accepts only bf16 and fp16 and switches itself off
+            # with a warning, silenced here; CUDA autocast stays on with float32 as its low dtype, which casts nothing.
             warnings.filterwarnings("ignore", message=".*autocast.*")
             loss = train_step(model, (X, y), loss_fn, optimizer, scaler, device, dtype or torch.float32)
         if scaler.is_enabled() and scaler.get_scale() < before:
@@ -157,6 +186,7 @@ def _measure(train_step: AmpStep, device: torch.device, dtype: torch.dtype | Non
         final = float(loss_fn(model(X).float(), y))
     label = {None: "fp32", torch.bfloat16: "bf16 autocast", torch.float16: "fp16 autocast + GradScaler"}[dtype]
     if dtype is None and tf32 is not None:
-        label = "fp32, TF32 matmuls" if tf32 else "fp32, TF32 off"
+        label = "fp32, TF32 off" if not tf32 else (
+            "fp32, TF32 matmuls" if tf32_support(device) == "native" else "fp32, TF32 asked, none here")
     return PrecisionRow(label, str(device), seconds * 1000.0, peak, final, skipped,
                         baseline / 2**20 if baseline is not None else None)

@@ -5,9 +5,10 @@ for seconds more; on a small CPU that is most of a short launch. `RankServer` st
 process per kernel (`python -m labkit.rank_server FD`) that does those imports once and then
 forks every rank of every launch: each rank is a new process with its own environment, working
 folder, standard output and process group, running the script as `__main__` — only its imports
-are already done. Linux only (fork after importing torch is not safe on macOS). A process that has
-initialised CUDA cannot hand CUDA on to a forked child; the server never initialises it, and should
-it ever have, it refuses to fork (`ForkRefused`) and the launcher starts fresh interpreters instead.
+are already done. Linux only (fork after importing torch is not safe on macOS). A process whose CUDA
+driver is initialised cannot hand CUDA on to a forked child; the server never touches CUDA, and should
+that ever change, it refuses to fork (`ForkRefused`, found by `cuda_fork_poisoned`) and the launcher
+starts fresh interpreters instead.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import time
 import traceback
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import IO, cast
 
@@ -34,11 +36,30 @@ class ForkRefused(RuntimeError):
     """The server will not fork ranks (CUDA is initialised in it); the launcher starts fresh interpreters (notebook 07)."""
 
 
+def cuda_fork_poisoned() -> bool:
+    """True when a process forked from this one now could not use CUDA (notebook 07).
+
+    `torch.cuda.is_initialized()` is not the signal: `torch.cuda.is_available()` (without
+    PYTORCH_NVML_BASED_CUDA_CHECK=1) initialises the CUDA driver in the process and leaves that flag False,
+    yet torch then refuses CUDA to every child forked afterwards. So ask a child: fork one, let it read
+    torch's own verdict (`torch.cuda._is_in_bad_fork()`), and exit. False when torch is not imported here.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(os, "fork"):
+        return False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # Python 3.12+: fork with threads running
+        pid = os.fork()
+    if pid == 0:  # the child: answer and leave at once, running nothing of the parent's
+        os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 1
+
+
 def fork_refusal() -> str:
     """Why forking ranks from this process would break them ('' when it is safe) (notebook 07)."""
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        return "CUDA is initialised in the rank server, and a forked child cannot use it"
+    if cuda_fork_poisoned():
+        return "CUDA's driver is initialised in the rank server, and a forked child could not use it"
     return ""
 
 
@@ -214,6 +235,9 @@ def serve(channel: socket.socket) -> None:
 def main() -> None:
     channel = socket.socket(fileno=int(sys.argv[1]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Jupyter's interrupt is for the ranks, not for the server
+    # An import that asks torch.cuda.is_available() must ask NVML: the CUDA runtime's own check would initialise
+    # the driver here, and no forked rank could use a GPU after that. Each rank gets its own environment.
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
     for name in PRELOAD:
         try:
             __import__(name)

@@ -4,6 +4,7 @@
     python scripts/gpu_check.py                  # everything, within about 12 minutes
     python scripts/gpu_check.py --only 06 07     # some notebooks
     python scripts/gpu_check.py --settings none  # one setting
+    python scripts/gpu_check.py --only 06 --compile --budget 1500  # also 06's opt-in torch.compile deep-dive
 
 It executes every solution notebook, and every released notebook with the reference answers filled in
 (grader.author.mutants.reference_submission), with nbclient, each in a fresh kernel in an empty folder, under three
@@ -15,6 +16,8 @@ and prints one table, notebook × setting → ran / the first failing cell / sec
 read from the executed notebooks' own outputs: the precision table's rows (with the TF32 rows), the
 backend the DDP demos used and ddp_train's largest difference from one process, and FSDP's bytes per rank.
 A figure whose output line is not there (a skipped cell, a changed notebook) is reported as "not found".
+06's torch.compile deep-dive is opt-in (TML_COMPILE=1) and stays off here unless `--compile` switches it on; its
+cold compiles take minutes on a GPU host, so that run gives every cell COMPILE_CELL_TIMEOUT_S instead of CELL_TIMEOUT_S.
 
 Without CUDA it says so, runs the `none` setting only, and exits 0 when every notebook ran. Exit status 1
 when a notebook failed or ran out of time. Executed notebooks and results.json are kept in --out
@@ -43,6 +46,7 @@ SETTINGS = {"all": None, "one": "0", "none": ""}  # CUDA_VISIBLE_DEVICES per set
 HEAVY = ("06_", "07_")  # the notebooks that load the GPU: run one at a time, so their timings are their own
 BUDGET_S = 690.0  # runs not started by then are reported as not run, so the whole check ends within 12 minutes
 CELL_TIMEOUT_S = 120  # notebook cells take seconds; this bounds a stuck one
+COMPILE_CELL_TIMEOUT_S = 600  # with --compile: 06's deep-dive compiles several models cold (145 s seen on one GPU host)
 
 
 @dataclass
@@ -101,6 +105,11 @@ def kernel_env(setting: str) -> dict[str, str]:
     return env
 
 
+def cell_timeout() -> int:
+    """Seconds a cell may take: longer when 06's compile deep-dive is switched on (TML_COMPILE=1, set by --compile)."""
+    return COMPILE_CELL_TIMEOUT_S if os.environ.get("TML_COMPILE") == "1" else CELL_TIMEOUT_S
+
+
 def execute_one(path: Path, setting: str, out: Path) -> dict:
     """Child process: run one notebook with nbclient; write the executed copy to `out`; return the result."""
     import nbformat
@@ -111,7 +120,7 @@ def execute_one(path: Path, setting: str, out: Path) -> dict:
     began = time.perf_counter()
     crashed = ""
     try:
-        NotebookRunner(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", allow_errors=True,
+        NotebookRunner(nb, timeout=cell_timeout(), kernel_name="python3", allow_errors=True,
                        resources={"metadata": {"path": str(path.parent)}}).execute(env=kernel_env(setting))
     except Exception as exc:  # the kernel died, a cell timed out: say which and keep what ran
         crashed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
@@ -180,11 +189,12 @@ PRECISION_ROW = re.compile(r"^\s*(cpu|cuda(?::\d+)?)\s*\|\s*([^|]*?(?:fp32|bf16|
 
 
 def figures_06(path: str | Path) -> list[str]:
-    """The precision table's rows (device, setting, the rest of the row) and the bf16 support line."""
+    """The precision table's rows (device, setting, the rest of the row) and the bf16 and TF32 support lines."""
     text = "\n".join(stream_text(path).values())
     lines = []
-    support = re.search(r"^bf16 on .*$", text, re.M)
-    lines.append(support.group(0).strip() if support else "bf16 support line: not found")
+    for line, what in ((r"^bf16 on .*$", "bf16 support line"), (r"^TF32 on .*$", "TF32 support line")):
+        found = re.search(line, text, re.M)
+        lines.append(found.group(0).strip() if found else f"{what}: not found")
     rows = PRECISION_ROW.findall(text)
     if not rows:
         return lines + ["precision table: not found"]
@@ -253,6 +263,18 @@ def print_table(runs: list[Run], settings: list[str]) -> None:
         print(f"  {r.notebook} [{r.setting}]: {r.status}: {r.first_failure}")
 
 
+def print_figures(runs: list[Run], settings: list[str]) -> None:
+    print("\nKey GPU figures, read from the executed solution notebooks' outputs:")
+    for setting in settings:
+        for prefix, reader in (("06_", figures_06), ("07_", figures_07)):
+            run = next((r for r in runs if r.setting == setting and r.notebook.startswith(f"solution {prefix}")), None)
+            if run is None:
+                continue
+            print(f"[{setting}] {run.notebook}:")
+            for line in (reader(run.executed) if run.executed and Path(run.executed).exists() else ["not run"]):
+                print("    " + line)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="*", default=[], help="notebooks whose names start with these (e.g. 06 07)")
@@ -260,6 +282,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=0, help="notebooks run side by side (default: from the CPU count)")
     parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds after which no new run starts")
     parser.add_argument("--out", type=Path, default=REPO / "build" / "gpu-check")
+    parser.add_argument("--compile", action="store_true", help="switch on 06's torch.compile deep-dive (TML_COMPILE=1)")
     parser.add_argument("--execute-one", nargs=3, metavar=("NOTEBOOK", "SETTING", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.execute_one:
@@ -269,6 +292,7 @@ def main() -> int:
 
     started = time.monotonic()
     deadline = started + args.budget
+    os.environ["TML_COMPILE"] = "1" if args.compile else "0"  # every child and kernel inherits it
     import torch
 
     gpus = visible_gpus()
@@ -316,15 +340,7 @@ def main() -> int:
     runs.sort(key=lambda r: order[(r.notebook, r.setting)])
     print_table(runs, settings)
 
-    print("\nKey GPU figures, read from the executed solution notebooks' outputs:")
-    for setting in settings:
-        for prefix, reader in (("06_", figures_06), ("07_", figures_07)):
-            run = next((r for r in runs if r.setting == setting and r.notebook.startswith(f"solution {prefix}")), None)
-            if run is None:
-                continue
-            print(f"[{setting}] {run.notebook}:")
-            for line in (reader(run.executed) if run.executed and Path(run.executed).exists() else ["not run"]):
-                print("    " + line)
+    print_figures(runs, settings)
     (args.out / "results.json").write_text(json.dumps({"gpus": gpus, "torch": torch.__version__,
                                                        "runs": [asdict(r) for r in runs]}, indent=1))
     bad = [r for r in runs if r.status != "ran"]

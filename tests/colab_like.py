@@ -1,21 +1,26 @@
-"""A Colab-like Python kernel for tests/test_colab_like.py: another torch, no course packages (issue 14 item 2).
+"""A Colab-like Python kernel for tests/test_colab_like.py: Colab's Python and packages, nothing of the course.
 
 Nothing here is a test.
 
-- `base_venv(torch_version)`: a virtual environment with the stock torch wheel of that version from the
-  registry (the CUDA build: on a machine without a GPU `torch.cuda.is_available()` is False) and what every
-  hosted notebook kernel has — ipykernel, numpy, matplotlib — and nothing of the course: no helpers,
-  nbgrader, torchviz, graphviz, ipywidgets or tqdm. Built once under build/colab-like/, in a folder named
-  by a hash of what it holds, and reused; a half-built one (no stamp) is removed and built again.
+- `python()`: an interpreter of Colab's Python minor version (3.13, from Colab's os-info.txt; see
+  tests/colab_runtime.txt), or None when this machine has none (pyenv's, or python3.13 on PATH).
+- `base_venv()`: a virtual environment of that Python with tests/colab_runtime.txt installed — torch 2.11.0 (the
+  registry's CUDA build; on a machine without a GPU `torch.cuda.is_available()` is False) and Colab's kernel
+  packages at Colab's versions: ipykernel 6.17.1, IPython 7.34, jupyter_client 7.4.9, ipywidgets 7.7.1,
+  matplotlib 3.10.0, numpy 2.1.3 … — and nothing of the course: no helpers, nbgrader or torchviz. Built once under
+  build/colab-like/, in a folder named by a hash of what it holds, and reused; a half-built one (no stamp) is
+  removed and built again.
 - `kernel_venv(base, folder)`: a throw-away environment for one test session that sees the base's packages
-  (a `.pth` line) and installs into its own site-packages, so the notebooks' bootstrap cell really installs
+  (a `.pth` line) and installs into its own site-packages, so the notebooks' set-up cell really installs
   the course into a kernel that lacks it, and the cached base stays untouched.
 - `kernelspec(venv, folder)`: a Jupyter kernelspec for that environment's Python.
+- `distributions(venv)`: every distribution that environment's Python sees, with its version and folder.
 """
 
 from __future__ import annotations
 
 import fcntl
+import glob
 import hashlib
 import json
 import os
@@ -28,28 +33,21 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = REPO / "build" / "colab-like"
-# What a hosted notebook kernel (Colab, Kaggle) has before the course: versions from requirements.txt.
-STOCK = ("ipykernel", "numpy", "matplotlib")
+RUNTIME = Path(__file__).resolve().parent / "colab_runtime.txt"
+COLAB_PYTHON = "3.13"  # Colab's os-info.txt: Python 3.13.15 (tests/colab_runtime.txt names the source)
 STAMP = ".complete"
 
 
-def pins() -> dict[str, str]:
-    """requirements.txt as name → pin line."""
-    found = {}
-    for line in (REPO / "requirements.txt").read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if "==" in line:
-            found[line.split("==", 1)[0].strip().lower()] = line
-    return found
+def python() -> str | None:
+    """An interpreter of Colab's Python minor version on this machine, or None."""
+    found = sorted(glob.glob(f"/root/.pyenv/versions/{COLAB_PYTHON}.*/bin/python{COLAB_PYTHON}"))
+    return found[-1] if found else shutil.which(f"python{COLAB_PYTHON}")
 
 
-def base_requirements(torch_version: str) -> list[str]:
-    """What the base environment holds: torch first (it brings its CUDA libraries), then the stock packages."""
-    return [f"torch=={torch_version}"] + [pins()[name] for name in STOCK]
-
-
-def _key(requirements: list[str]) -> str:
-    return hashlib.sha256("\n".join([sys.version, *requirements]).encode()).hexdigest()[:12]
+def torch_version() -> str:
+    """Colab's torch, as tests/colab_runtime.txt pins it."""
+    line = next(line for line in RUNTIME.read_text().splitlines() if line.startswith("torch=="))
+    return line.split("==", 1)[1]
 
 
 @contextmanager
@@ -67,12 +65,12 @@ def _run(cmd: list[str], log: Path) -> None:
     with open(log, "a") as out:
         out.write("$ " + " ".join(cmd) + "\n")
         out.flush()
-        done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=_clean_env())
+        done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=clean_env())
     if done.returncode:
         raise RuntimeError(f"{' '.join(cmd)} failed (exit {done.returncode}); see {log}")
 
 
-def _clean_env(**extra: str) -> dict[str, str]:
+def clean_env(**extra: str) -> dict[str, str]:
     """This process's environment without what would leak the course's own environment into another Python."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     venv_bin = str(Path(sys.executable).parent)
@@ -82,13 +80,18 @@ def _clean_env(**extra: str) -> dict[str, str]:
 
 
 def site_packages(venv: Path) -> Path:
-    return venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    return venv / "lib" / f"python{COLAB_PYTHON}" / "site-packages"
 
 
-def base_venv(torch_version: str) -> tuple[Path, float]:
-    """The cached base environment for `torch_version`, built when missing: (its folder, seconds spent building)."""
-    requirements = base_requirements(torch_version)
-    folder = CACHE / f"torch-{torch_version}-{_key(requirements)}"
+def base_venv() -> tuple[Path, float]:
+    """The cached Colab-like base environment, built when missing: (its folder, seconds spent building)."""
+    interpreter = python()
+    if interpreter is None:
+        raise FileNotFoundError(f"no Python {COLAB_PYTHON} here (pyenv or python{COLAB_PYTHON} on PATH)")
+    version = subprocess.run([interpreter, "-c", "import sys; print(sys.version)"], capture_output=True, text=True,
+                             check=True).stdout
+    key = hashlib.sha256((version + RUNTIME.read_text()).encode()).hexdigest()[:12]
+    folder = CACHE / f"colab-{COLAB_PYTHON}-{key}"
     with _locked(CACHE / f".{folder.name}.lock"):
         if (folder / STAMP).exists():
             return folder, 0.0
@@ -96,20 +99,18 @@ def base_venv(torch_version: str) -> tuple[Path, float]:
         began = time.perf_counter()
         log = CACHE / f"{folder.name}.log"
         log.unlink(missing_ok=True)
-        # The interpreter this suite runs on, not the course's .venv: a hosted kernel has its own Python.
-        base_python = getattr(sys, "_base_executable", sys.executable)
-        _run([base_python, "-m", "venv", str(folder)], log)
+        _run([interpreter, "-m", "venv", str(folder)], log)
         pip = [str(folder / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-        _run(pip + [requirements[0]], log)  # torch alone first, as `./course setup` does
-        _run(pip + requirements, log)
-        (folder / STAMP).write_text(json.dumps({"requirements": requirements}))
+        # torch alone first (with its CUDA libraries), as `./course setup` does, then Colab's packages
+        _run(pip + [f"torch=={torch_version()}", "--constraint", str(RUNTIME)], log)
+        _run(pip + ["--requirement", str(RUNTIME)], log)
+        (folder / STAMP).write_text(json.dumps({"python": version, "runtime": RUNTIME.read_text()}))
         return folder, time.perf_counter() - began
 
 
 def kernel_venv(base: Path, folder: Path) -> Path:
     """A fresh environment in `folder` layered on `base`: imports see both, pip installs into `folder` only."""
-    base_python = getattr(sys, "_base_executable", sys.executable)
-    subprocess.run([base_python, "-m", "venv", "--without-pip", str(folder)], check=True, env=_clean_env())
+    subprocess.run([str(python()), "-m", "venv", "--without-pip", str(folder)], check=True, env=clean_env())
     # An `import site` line runs at start-up: the base's own .pth files are processed as well.
     (site_packages(folder) / "colab_like_base.pth").write_text(
         f"import site; site.addsitedir({str(site_packages(base))!r})\n")
@@ -126,16 +127,18 @@ def kernelspec(venv: Path, folder: Path, name: str = "colab-like") -> Path:
     return folder
 
 
-def installed(venv: Path, name: str) -> str | None:
-    """The version of distribution `name` that `venv`'s Python sees, or None."""
-    probe = ("import importlib.metadata as m, sys\n"
-             "try: print(m.version(sys.argv[1]))\nexcept m.PackageNotFoundError: print('')")
-    out = subprocess.run([str(venv / "bin" / "python"), "-c", probe, name], capture_output=True, text=True,
-                         env=_clean_env(), cwd=venv, check=True).stdout.strip()  # not a checkout's egg-info
-    return out or None
+def distributions(venv: Path) -> dict[str, tuple[str, str]]:
+    """name → (version, site-packages folder) of every distribution `venv`'s Python sees (the first of each name)."""
+    probe = ("import importlib.metadata as m, json, re\nfound = {}\n"
+             "for d in m.distributions():\n"
+             "    name = re.sub(r'[-_.]+', '-', d.metadata['Name'] or '').lower()\n"
+             "    found.setdefault(name, (d.version, str(d.locate_file(''))))\n"
+             "print(json.dumps(found))")
+    out = subprocess.run([str(venv / "bin" / "python"), "-c", probe], capture_output=True, text=True, env=clean_env(),
+                         cwd=venv, check=True).stdout  # cwd: not a checkout's egg-info
+    return {name: (version, where) for name, (version, where) in json.loads(out).items()}
 
 
-if __name__ == "__main__":  # build (or find) the base environments: python tests/colab_like.py 2.14.1 2.11.0
-    for version in sys.argv[1:]:
-        path, seconds = base_venv(version)
-        print(f"{path} ({f'built in {seconds:.0f} s' if seconds else 'cached'})")
+if __name__ == "__main__":  # build (or find) the base environment: python tests/colab_like.py
+    path, seconds = base_venv()
+    print(f"{path} ({f'built in {seconds:.0f} s' if seconds else 'cached'})")

@@ -30,6 +30,7 @@ def _notebook(tmp_path, *texts: str):
 
 
 PRECISION = """bf16 on NVIDIA H200: native
+TF32 on NVIDIA H200 (compute capability 9.0): present
   device |                      setting |  ms/step | peak above baseline | final loss | skipped steps
      cpu |                         fp32 |     3.10 |           n/a (CPU) |     0.9000 | 0
   cuda:0 |               fp32, TF32 off |     1.20 |         300.0 MiB |     0.8000 | 0
@@ -53,7 +54,7 @@ largest difference between FSDP's gathered parameters and DDP's after training: 
 
 def test_figures_read_from_outputs(tmp_path):
     lines = gpu_check.figures_06(_notebook(tmp_path, PRECISION))
-    assert lines[0] == "bf16 on NVIDIA H200: native"
+    assert lines[:2] == ["bf16 on NVIDIA H200: native", "TF32 on NVIDIA H200 (compute capability 9.0): present"]
     assert any("cuda:0" in line and "fp32, TF32 matmuls" in line and "0.60" in line for line in lines)
     assert not any("not found" in line for line in lines)
     lines = gpu_check.figures_07(_notebook(tmp_path, DDP, FSDP))
@@ -66,7 +67,7 @@ def test_figures_read_from_outputs(tmp_path):
 
 def test_figures_missing_say_not_found(tmp_path):
     empty = _notebook(tmp_path, "nothing here\n")
-    assert sum("not found" in line for line in gpu_check.figures_06(empty)) == 2
+    assert sum("not found" in line for line in gpu_check.figures_06(empty)) == 3
     assert sum("not found" in line for line in gpu_check.figures_07(empty)) == 4
     assert gpu_check.figures_06(tmp_path / "missing.ipynb")[-1] == "precision table: not found"
 
@@ -82,3 +83,10 @@ def test_runs_a_notebook_and_prints_the_table_on_a_cpu(tmp_path):
                                          ["released", "01_gradient_descent", "ran"]], run.stdout
     assert "2 of 2 runs ran to the end" in run.stdout
     assert (tmp_path / "none" / "released-01_gradient_descent.ipynb").exists()
+
+
+def test_compile_deep_dive_is_opt_in_with_a_longer_cell_timeout(monkeypatch):
+    monkeypatch.delenv("TML_COMPILE", raising=False)
+    assert gpu_check.cell_timeout() == gpu_check.CELL_TIMEOUT_S
+    monkeypatch.setenv("TML_COMPILE", "1")  # what --compile sets for every child and kernel
+    assert gpu_check.cell_timeout() == gpu_check.COMPILE_CELL_TIMEOUT_S > gpu_check.CELL_TIMEOUT_S

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from helpers.checks import (
     CheckFailure,
+    ExerciseNotImplementedError,
     autograd_grad,
     check,
     check_scalar,
@@ -15,6 +16,7 @@ from helpers.checks import (
     check_unchanged,
     constant_factor,
     describe_mismatch,
+    earlier_exercise,
 )
 
 
@@ -89,3 +91,50 @@ def test_autograd_grad_matches_closed_form_mse_gradient(n, d, seed):
     closed_form = 2.0 / n * X.T @ (X @ w - y)
     torch.testing.assert_close(autograd_grad(lambda v: ((X @ v - y) ** 2).mean(), w), closed_form)
     assert not w.requires_grad  # the oracle leaves its input alone
+
+
+def test_failures_render_as_their_message_alone():
+    lines = CheckFailure("mse_grad is wrong: off by a factor of 2.\nsecond line")._render_traceback_()
+    assert "CheckFailure" in lines[0] and lines[0].endswith("mse_grad is wrong: off by a factor of 2.")
+    assert lines[1:] == ["second line"] and not any("File " in line for line in lines)
+
+
+def test_an_earlier_exercise_is_blamed_for_its_own_mistakes():
+    wrong = r"exercise 1 \(`mse_grad`\) is wrong — fix it first"
+    with pytest.raises(CheckFailure, match=wrong + ".*factor of 2"), earlier_exercise(1, "mse_grad"):
+        check_tensor(2 * torch.ones(3), torch.ones(3), name="mse_grad")
+    with pytest.raises(CheckFailure, match=wrong + ".*TypeError: bad"), earlier_exercise(1, "mse_grad"):
+        raise TypeError("bad")
+    unwritten = r"exercise 1 \(`mse_grad`\) is not written yet"
+    with pytest.raises(ExerciseNotImplementedError, match=unwritten) as caught, earlier_exercise(1, "mse_grad"):
+        raise NotImplementedError()
+    assert isinstance(caught.value, NotImplementedError)  # a blank notebook still fails only with NotImplementedError
+    with earlier_exercise(1, "mse_grad"):
+        pass  # a correct earlier answer is silent
+
+
+@pytest.mark.slow
+def test_a_kernel_shows_a_failed_check_without_frames_of_the_helpers():
+    """In a real kernel the error output of a failed check is its message: no helpers/checks.py frame."""
+    import nbformat
+    from conftest import REPO
+
+    from labkit.runner import NotebookRunner
+
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("import torch\nfrom helpers.checks import check_tensor, earlier_exercise"),
+        nbformat.v4.new_code_cell("check_tensor(torch.ones(2) * 2, torch.ones(2), name='mse_grad(w, X, y)')"),
+        nbformat.v4.new_code_cell("with earlier_exercise(1, 'mse_grad'):\n"
+                                  "    check_tensor(-torch.ones(2), torch.ones(2), name='mse_grad')"),
+        nbformat.v4.new_code_cell("def stub():\n    raise NotImplementedError()\n"
+                                  "with earlier_exercise(1, 'mse_grad'):\n    stub()"),
+    ])
+    NotebookRunner(nb, timeout=60, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": str(REPO)}}).execute()
+    errors = [next(o for o in cell.outputs if o.output_type == "error") for cell in nb.cells[1:]]
+    for error, (ename, words) in zip(errors, [("CheckFailure", "off by a factor of 2"),
+                                              ("CheckFailure", "exercise 1 (`mse_grad`) is wrong — fix it first"),
+                                              ("ExerciseNotImplementedError", "is not written yet")]):
+        shown = "\n".join(error.traceback)
+        assert error.ename == ename and words in error.evalue and words in shown
+        assert "checks.py" not in shown and "File " not in shown and "Traceback" not in shown, shown

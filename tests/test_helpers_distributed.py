@@ -1,5 +1,5 @@
 """Tests for helpers.distributed: scripts and torchrun command lines, script and function launches, failures,
-timeouts, the choice of backend, the per-rank device set-up and the nccl and fork fallbacks."""
+timeouts, the choice of backend, the per-rank device set-up, the fork probe and the nccl and fork fallbacks."""
 
 from __future__ import annotations
 
@@ -246,7 +246,8 @@ def test_function_rank_error_names_the_rank_and_stops_its_peers():
         run_ranks(body, 2, backend="gloo", echo=False, timeout=60)
     assert time.perf_counter() - start < 30
     assert (info.value.rank, info.value.error_type, info.value.summary) == (1, "ValueError", "ValueError: rank 1 gives up")
-    assert "helpers/distributed.py" not in str(info.value)  # the launcher's frames are left out of the rank's traceback
+    # the launcher's frames are left out of the rank's traceback
+    assert "helpers/distributed.py" not in str(info.value) and "forked_ranks.py" not in str(info.value)
 
 
 @pytest.mark.slow
@@ -291,11 +292,12 @@ def test_nccl_launch_that_cannot_run_falls_back_to_gloo(monkeypatch, capsys):
     import torch
     import torch.distributed as dist
 
-    # Whatever this machine has: nccl and 2 GPUs, but CUDA "initialised" in this process, so forked ranks cannot use it.
+    # Whatever this machine has: nccl and 2 GPUs, but a forked child is told it is in a bad fork (as after
+    # torch.cuda.is_available() initialised the driver), so forked ranks cannot use CUDA.
     monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    with pytest.raises(LaunchError, match="CUDA is already initialised in this process"):
+    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: True)
+    with pytest.raises(LaunchError, match="CUDA's driver is already initialised in this process"):
         run_ranks(_sum_of_ranks, 2, args=(1.0,), backend="nccl", fallback=None, echo=False)
     start = time.perf_counter()
     result = run_ranks(_sum_of_ranks, 2, args=(1.0,), backend="nccl", echo=False)
@@ -351,14 +353,18 @@ def test_init_rank_sets_the_device_before_joining_nccl(monkeypatch):
 
 # --- scripts: fallbacks of the rank server ------------------------------------------------------------------------
 
-def test_fork_refusal_when_cuda_is_initialised(monkeypatch):
+@pytest.mark.integration  # forks a child
+def test_fork_refusal_asks_a_forked_child(monkeypatch):
     import torch
 
-    from labkit.rank_server import fork_refusal
+    from labkit.rank_server import cuda_fork_poisoned, fork_refusal
 
-    assert fork_refusal() == ""
+    assert fork_refusal() == "" and not cuda_fork_poisoned()
+    # torch.cuda.is_initialized() stays False after is_available() initialised the driver: it is not the signal.
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    assert "CUDA is initialised" in fork_refusal()
+    assert fork_refusal() == ""
+    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: True)  # what a child forked after cuInit reads
+    assert cuda_fork_poisoned() and "CUDA's driver is initialised" in fork_refusal()
 
 
 @pytest.mark.slow

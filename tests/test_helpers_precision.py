@@ -9,7 +9,17 @@ import pytest
 import torch
 
 from grader.author.mutants import reference_function
-from helpers.precision import PrecisionRow, bf16_support, make_mlp, measure_precision, synchronize, tf32_matmuls, time_call
+from helpers.precision import (
+    PrecisionRow,
+    bf16_support,
+    make_mlp,
+    measure_precision,
+    single_thread,
+    synchronize,
+    tf32_matmuls,
+    tf32_support,
+    time_call,
+)
 
 CPU = torch.device("cpu")
 # the reference answer of notebook 06: helpers must not carry it (students receive helpers/)
@@ -84,3 +94,21 @@ def test_bf16_support_reads_the_compute_capability(monkeypatch, capability, says
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: says_supported)
     assert bf16_support(torch.device("cuda")) == expected
+
+
+@pytest.mark.parametrize("capability, expected", [((9, 0), "native"), ((8, 0), "native"), ((7, 5), "absent")])
+def test_tf32_support_reads_the_compute_capability(monkeypatch, capability, expected):
+    # A T4 (7.5) accepts allow_tf32 and has no TF32 tensor cores: its "TF32" row is true fp32 again.
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert tf32_support(torch.device("cuda")) == expected
+    assert tf32_support(CPU) == "cpu"
+
+
+def test_single_thread_restores_the_thread_count():
+    before = torch.get_num_threads()
+    with single_thread():
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError), single_thread():
+        raise RuntimeError("restored on errors too")
+    assert torch.get_num_threads() == before

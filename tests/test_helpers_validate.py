@@ -26,7 +26,7 @@ def test_validate_notebook_runs_tests_and_skips_demo_and_claim_cells(tmp_path):
 
 def test_report_marks(monkeypatch, capsys):
     canned = {"good": "", "blank": "not answered yet (the answer cell still raises NotImplementedError)"}
-    monkeypatch.setattr(validate, "validate_notebook", lambda path: dict(canned))
+    monkeypatch.setattr(validate, "validate_notebook", lambda path, **_: dict(canned))
     assert validate.report("nb.ipynb") is False  # before submitting, an unanswered exercise is a failure
     out = capsys.readouterr().out
     assert "✓ good" in out and "✗ blank: not answered yet" in out and "some visible tests fail" in out
@@ -40,3 +40,41 @@ def test_report_marks(monkeypatch, capsys):
     canned["wrong"] = "AssertionError: off by one"
     assert validate.report("nb.ipynb", unanswered_ok=True) is False
     assert "✗ wrong: AssertionError" in capsys.readouterr().out
+
+
+def _released(name):
+    from grader.course import assignment_named
+
+    return nbformat.read(assignment_named(name).release, as_version=4)
+
+
+def test_the_open_notebook_comes_from_colab_then_the_disk_never_from_another_assignment(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for variable in ("JPY_SESSION_NAME", "KAGGLE_KERNEL_RUN_TYPE"):
+        monkeypatch.delenv(variable, raising=False)
+    one, two = _released("01_gradient_descent"), _released("02_autograd_graph")
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "test")
+    nb, source = validate.open_notebook("01_gradient_descent", colab=lambda: one)
+    assert nb is one and "Colab's editor" in source
+    nbformat.write(two, tmp_path / "02_autograd_graph.ipynb")  # another assignment's, in the same folder
+    assert validate.open_notebook("01_gradient_descent", colab=lambda: two)[0] is None
+    nbformat.write(one, tmp_path / "Copy of 01_gradient_descent.ipynb")  # renamed by a download: its metadata says 01
+    nb, source = validate.open_notebook("01_gradient_descent", colab=lambda: None)
+    assert validate.assignment_of(nb) == "01_gradient_descent"
+    assert source.endswith("Copy of 01_gradient_descent.ipynb, as last saved")
+    monkeypatch.delenv("COLAB_RELEASE_TAG")
+    assert validate.platform() == "jupyter"
+
+
+def test_the_live_kernel_answers_fill_the_course_copy():
+    from grader.author.mutants import reference_answers
+    from grader.course import assignment_named
+
+    answers = reference_answers(assignment_named("01_gradient_descent"))
+    history = ["", "import torch", *answers.values(), "def mse_grad(w, X, y):\n    return 0  # a later experiment"]
+    nb = validate.live_notebook("01_gradient_descent", history)
+    got = {validate.cells.grade_id(c): c.source for c in nb.cells if validate.cells.kind(c) == validate.cells.ANSWER}
+    assert got.keys() == answers.keys()
+    assert [got[k] == answers[k] for k in answers].count(False) == 1  # the last definition of mse_grad wins
+    assert any(source.endswith("a later experiment") for source in got.values())
+    assert validate.live_notebook("01_gradient_descent", ["x = 1"]) is None

@@ -19,7 +19,7 @@ def test_solution_notebook_runs_top_to_bottom(path):
 
 @pytest.mark.slow
 def test_the_compile_deep_dive_runs_when_switched_on(monkeypatch):
-    """06's torch.compile cell is off on a CPU unless TML_COMPILE=1 (on with CUDA): run it the way a student switches it on."""
+    """06's torch.compile cell is off on every machine unless TML_COMPILE=1: run it the way a student switches it on."""
     path = REPO / "solutions" / "06_mixed_precision" / "06_mixed_precision.ipynb"
     nb = nbformat.read(path, as_version=4)
     monkeypatch.setenv("TML_COMPILE", "1")  # the kernel inherits it, as after `%env TML_COMPILE=1`

@@ -1,16 +1,20 @@
-"""The top of every student notebook: "Open in Colab / Kaggle" badges, what the notebook needs, and a set-up cell.
+"""The frame of every student notebook: badges and a set-up cell at the top, a check and hand-in at the end.
 
 The release (grader/author/release.py) puts two cells before each student notebook's first cell:
-- a markdown cell (id `course-kernel`): Colab and Kaggle badges for the course's repository at the release
-  tag, what the notebook needs (from `NEEDS`) and how to turn on a GPU runtime;
+- a markdown cell (id `course-kernel`): Colab and Kaggle badges for the public student edition at its release
+  tag (while the setting is still the placeholder, a sentence saying it is not published instead), what the
+  notebook needs (from `NEEDS`) and how to turn on a GPU runtime;
 - a read-only code cell (grade_id `course_bootstrap`, tag `bootstrap`; grading skips it): where `helpers`
   imports it does nothing but say so; otherwise it pip-installs the course package from one spec — the
-  repository's archive at the release tag, or the environment variable TML_INSTALL_SPEC (a path, wheel or
-  URL) — with torch held where it is by a pip constraint, so nothing is installed or upgraded beside it. On a
-  torch outside the supported range it says which versions work.
+  edition's archive at the release tag, or the environment variable TML_INSTALL_SPEC (a path, wheel or URL) —
+  with every package the kernel already has held at its version by a pip constraint (torch, numpy, matplotlib,
+  ipywidgets …). On a torch outside the supported range it says which versions work.
+and two after its last: how to check, download and hand in (id `course-hand-in`), and a read-only cell that
+runs the check on the open notebook (grade_id `course_check`, labkit/validate.py). The notebook's metadata
+records its assignment (`metadata.tml.assignment`): collection grades a renamed hand-in by it.
 
-Everything comes from pyproject.toml: `[tool.training-mechanics-lab]` (repository, release-tag,
-kernel-extras) and the supported torch range, `[project.optional-dependencies].torch`.
+Everything comes from pyproject.toml: `[tool.training-mechanics-lab]` (student-edition, kernel-extras) and the
+supported torch range, `[project.optional-dependencies].torch`.
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ from labkit import cells
 MARKDOWN_ID = "course-kernel"
 CELL_ID = "course-bootstrap"
 GRADE_ID = "course_bootstrap"
+HAND_IN_ID = "course-hand-in"
+CHECK_ID = "course-check"
+CHECK_GRADE_ID = "course_check"
 TAG = cells.BOOTSTRAP  # grading skips it (labkit/cells.py)
 
 # What each notebook needs: one of the keys of NEEDS_TEXT. A new notebook gets an entry here.
@@ -58,15 +65,24 @@ GPU_HOWTO = ("**A GPU runtime:** Colab: *Runtime → Change runtime type → T4 
              "A JupyterHub: pick a GPU server or image when you start yours, if your hub offers one.")
 
 
+PLACEHOLDER_OWNER = "YOUR-ORG"  # pyproject's student-edition until the instructor names the real one
+SETTING = "[tool.training-mechanics-lab] student-edition"
+
+
 @dataclass(frozen=True)
 class CourseSettings:
     """The course's settings in pyproject.toml that the student notebooks' header is made from."""
 
     version: str
-    repository: str  # https://github.com/OWNER/NAME
+    repository: str  # the public student edition: https://github.com/OWNER/NAME (never the instructor's)
     release_tag: str
     torch_range: str  # e.g. ">=2.11,<2.15"
     kernel_extras: tuple[str, ...]
+
+    @property
+    def published(self) -> bool:
+        """False while the student edition's setting is still the placeholder: there is nowhere to link to."""
+        return self.repository.removeprefix("https://github.com/").split("/")[0].upper() != PLACEHOLDER_OWNER
 
     @property
     def torch_minimum(self) -> tuple[int, int]:
@@ -79,11 +95,11 @@ class CourseSettings:
 
     @property
     def install_spec(self) -> str:
-        """What the set-up cell installs by default: the repository's archive at the release tag (no git needed)."""
-        return f"{self.repository}/archive/refs/tags/{self.release_tag}.zip"
+        """What the set-up cell installs by default: the edition's archive at the release tag (no git needed)."""
+        return f"{self.repository}/archive/refs/tags/{self.release_tag}.zip" if self.published else ""
 
     def blob(self, path: str) -> str:
-        """`path` in the repository at the release tag, as GitHub shows it (what Colab and Kaggle open)."""
+        """`path` in the edition at the release tag, as GitHub shows it (what Colab and Kaggle open)."""
         return f"{self.repository}/blob/{self.release_tag}/{path}"
 
 
@@ -101,12 +117,12 @@ def settings(pyproject: Path = PYPROJECT) -> CourseSettings:
     tool = data["tool"]["training-mechanics-lab"]
     (torch_req,) = data["project"]["optional-dependencies"]["torch"]
     torch_range = torch_req.split("torch", 1)[1].strip()
-    if not re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", tool["repository"]):
-        raise ValueError(f"[tool.training-mechanics-lab] repository must be https://github.com/OWNER/NAME, "
-                         f"not {tool['repository']!r}")
-    return CourseSettings(version=data["project"]["version"], repository=tool["repository"],
-                          release_tag=tool["release-tag"], torch_range=torch_range,
-                          kernel_extras=tuple(tool.get("kernel-extras", ())))
+    found = re.fullmatch(r"(https://github\.com/[\w.-]+/[\w.-]+)@([\w.+-]+)", tool.get("student-edition", ""))
+    if not found:
+        raise ValueError(f"{SETTING} must be https://github.com/OWNER/NAME@TAG (the public student edition and "
+                         f"its release tag), not {tool.get('student-edition')!r}")
+    return CourseSettings(version=data["project"]["version"], repository=found.group(1), release_tag=found.group(2),
+                          torch_range=torch_range, kernel_extras=tuple(tool.get("kernel-extras", ())))
 
 
 def needs(assignment: str) -> str:
@@ -117,20 +133,30 @@ def needs(assignment: str) -> str:
     return NEEDS_TEXT[NEEDS[assignment]]
 
 
-def badges_markdown(assignment: str, s: CourseSettings | None = None) -> str:
-    """The header's markdown: badges, what the notebook needs, how to get a GPU runtime, what the set-up cell does."""
-    s = s or settings()
+def _badges(assignment: str, s: CourseSettings) -> str:
+    """The Colab and Kaggle badges for `assignment` in the student edition, or why there are none yet."""
+    if not s.published:
+        return ("**Open in Colab or Kaggle:** not yet — this course's student edition is not published, so there "
+                "is nothing for Colab or Kaggle to open. Open this notebook where the course is installed "
+                "(`./course lab`), or ask your instructor for the edition's address.")
     path = f"notebooks/{assignment}/{assignment}.ipynb"
     colab = f"https://colab.research.google.com/github/{s.repository.removeprefix('https://github.com/')}" \
             f"/blob/{s.release_tag}/{path}"
     kaggle = f"https://kaggle.com/kernels/welcome?src={s.blob(path)}"
-    gpu = "" if NEEDS.get(assignment) == "cpu" else "\n\n" + GPU_HOWTO
     return (f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab}) "
-            f"[![Open in Kaggle](https://kaggle.com/static/images/open-in-kaggle.svg)]({kaggle})\n\n"
+            f"[![Open in Kaggle](https://kaggle.com/static/images/open-in-kaggle.svg)]({kaggle})")
+
+
+def badges_markdown(assignment: str, s: CourseSettings | None = None) -> str:
+    """The header's markdown: badges, what the notebook needs, how to get a GPU runtime, what the set-up cell does."""
+    s = s or settings()
+    gpu = "" if NEEDS.get(assignment) == "cpu" else "\n\n" + GPU_HOWTO
+    return (f"{_badges(assignment, s)}\n\n"
             f"**What this notebook needs:** {needs(assignment)}{gpu}\n\n"
             f"**Run the set-up cell below first.** Where the course is installed (`./course lab`) it does "
-            f"nothing; on Colab, Kaggle or a hub it installs the course's `helpers` package with pip — never "
-            f"torch: it uses the kernel's own, and the course supports `torch{s.torch_range}`.")
+            f"nothing; on Colab, Kaggle or a hub it installs the course's `helpers` package with pip and changes no "
+            f"package the kernel already has — not torch (the course supports `torch{s.torch_range}`), numpy, "
+            f"matplotlib or ipywidgets.")
 
 
 def bootstrap_source(s: CourseSettings | None = None) -> str:
@@ -143,9 +169,9 @@ def bootstrap_source(s: CourseSettings | None = None) -> str:
     extras = "".join(f", {json.dumps(e)}" for e in s.kernel_extras)
     return f'''\
 # Course set-up. Where the course is installed it does nothing. On a kernel without it (Colab, Kaggle, a hub)
-# it pip-installs the course's `helpers` package and what the notebooks need beyond a stock kernel; it never
-# installs or upgrades torch (a pip constraint holds torch at the kernel's version). TML_INSTALL_SPEC (a path,
-# wheel or URL) replaces where it installs from.
+# it pip-installs the course's `helpers` package and what the notebooks need beyond a stock kernel, and changes
+# no package the kernel already has: a pip constraint holds every one of them (torch, numpy, matplotlib,
+# ipywidgets …) at its version. TML_INSTALL_SPEC (a path, wheel or URL) replaces where it installs from.
 import importlib, importlib.metadata, importlib.util, os, re, site, subprocess, sys, tempfile
 
 TML_TORCH = "{s.torch_range}"  # the torch versions this release supports
@@ -164,39 +190,88 @@ if importlib.util.find_spec("helpers") is not None:
     print(f"Course set-up: the course is installed; nothing to do (torch {{_torch}}{{_newer}}).")
 else:
     _spec = os.environ.get("TML_INSTALL_SPEC") or "{s.install_spec}"
+    if not _spec:
+        raise RuntimeError("Course set-up: this course's student edition is not published yet, so there is nothing "
+                           "to install it from. Open the notebook where the course is installed (./course lab), or "
+                           "set TML_INSTALL_SPEC to a copy of the course (%env TML_INSTALL_SPEC=...).")
+
+    def _installed():
+        found = {{}}
+        for dist in importlib.metadata.distributions():
+            name = re.sub(r"[-_.]+", "-", dist.metadata.get("Name") or "").lower()
+            if name and re.fullmatch(r"[0-9][0-9A-Za-z.+!_-]*", dist.version or ""):
+                found.setdefault(name, dist.version)
+        return found
+
+    _kept = _installed()
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as _hold:
-        _hold.write(f"torch=={{_torch}}\\n")  # pip may install nothing that needs another torch
-    _pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--constraint", _hold.name, _spec{extras}],
+        _hold.write("".join(f"{{n}}=={{v}}\\n" for n, v in sorted(_kept.items())))  # pip may change none of them
+    _pip = subprocess.run([sys.executable, "-m", "pip", "install", "--constraint", _hold.name, _spec{extras}],
                           capture_output=True, text=True)
     os.unlink(_hold.name)
     if _pip.returncode:
-        raise RuntimeError(f"Course set-up: pip could not install the course from {{_spec}}:\\n"
-                           + (_pip.stdout + _pip.stderr)[-3000:])
+        raise RuntimeError(f"Course set-up: pip could not install the course from {{_spec}} without changing a "
+                           "package this kernel already has:\\n" + (_pip.stdout + _pip.stderr)[-3000:])
     importlib.invalidate_caches()
     if importlib.util.find_spec("helpers") is None:  # pip fell back to a user install (site-packages read-only)
         site.addsitedir(site.getusersitepackages())
     import helpers  # noqa: F401  (fails here, not deep in a later cell, if the install did not take)
-    print(f"Course set-up: installed the course from {{_spec}} with pip; torch {{_torch}} left as it was{{_newer}}.")'''
+    _shown = ", ".join(f"{{n}} {{_kept[n]}}" for n in ("torch", "numpy", "matplotlib", "ipywidgets") if n in _kept)
+    print(f"Course set-up: installed the course from {{_spec}} with pip ({{len(set(_installed()) - set(_kept))}} new "
+          f"packages) and changed none of the kernel's {{len(_kept)}} packages ({{_shown}}){{_newer}}.")'''
+
+
+def _locked_cell(source: str, cell_id: str, grade_id: str) -> nbformat.NotebookNode:
+    """A read-only code cell that runs only in Jupyter (grading and the pre-submission check skip its tag)."""
+    from nbgrader.utils import compute_checksum
+
+    code = nbformat.v4.new_code_cell(source, id=cell_id)
+    code.metadata = nbformat.from_dict({
+        "deletable": False, "editable": False, "tags": [TAG],
+        "nbgrader": {"cell_type": "code", "grade": False, "grade_id": grade_id, "locked": True,
+                     "schema_version": 3, "solution": False, "task": False}})
+    code.metadata.nbgrader["checksum"] = compute_checksum(code)
+    return code
 
 
 def header_cells(assignment: str) -> list[nbformat.NotebookNode]:
     """The two cells the release puts at the top of `assignment`'s student notebook."""
-    from nbgrader.utils import compute_checksum
-
     text = nbformat.v4.new_markdown_cell(badges_markdown(assignment), id=MARKDOWN_ID)
-    code = nbformat.v4.new_code_cell(bootstrap_source(), id=CELL_ID)
-    code.metadata = nbformat.from_dict({
-        "deletable": False, "editable": False, "tags": [TAG],
-        "nbgrader": {"cell_type": "code", "grade": False, "grade_id": GRADE_ID, "locked": True,
-                     "schema_version": 3, "solution": False, "task": False}})
-    code.metadata.nbgrader["checksum"] = compute_checksum(code)
-    return [text, code]
+    return [text, _locked_cell(bootstrap_source(), CELL_ID, GRADE_ID)]
 
 
-def add_header(path: Path, assignment: str) -> None:
-    """Put the header cells at the top of the student notebook at `path` (replacing an older header)."""
+HAND_IN = """\
+## Check and hand in
+
+1. **Check:** run the cell below. It runs this notebook's visible tests again in a fresh kernel — on the notebook
+   as you have it now on Colab, as Kaggle last stored it, or as last saved elsewhere (save first) — and prints ✓
+   or ✗ per exercise. An answer that needs a name only your kernel has fails here too, as it would at grading.
+2. **Download:** Colab: *File → Download → Download .ipynb*. Kaggle: *File → Download notebook*. Jupyter: the
+   file itself (JupyterLab: right-click it in the file browser → *Download*).
+3. **Hand in** that file as it is. A name changed on the way (`Copy of …`, `-` for `_`, ` (1)`) does not matter:
+   the notebook itself says which assignment it is."""
+
+
+def footer_cells(assignment: str) -> list[nbformat.NotebookNode]:
+    """The two cells the release puts at the end of `assignment`'s student notebook: check it, then hand it in."""
+    text = nbformat.v4.new_markdown_cell(HAND_IN, id=HAND_IN_ID)
+    source = ("# Runs this notebook's visible tests in a fresh kernel; labkit/validate.py says where it finds the notebook.\n"
+              "from labkit.validate import check_open_notebook\n\n"
+              f"check_open_notebook({assignment!r})")
+    return [text, _locked_cell(source, CHECK_ID, CHECK_GRADE_ID)]
+
+
+FRAME_IDS = (MARKDOWN_ID, CELL_ID, HAND_IN_ID, CHECK_ID)
+
+
+def add_frame(path: Path, assignment: str) -> None:
+    """Put the header and footer cells around the student notebook at `path` (replacing older ones), and record
+    which assignment it is in its metadata, so that a renamed hand-in is still graded as that assignment."""
     nb = nbformat.read(path, as_version=4)
-    nb.cells = header_cells(assignment) + [c for c in nb.cells if c.get("id") not in (MARKDOWN_ID, CELL_ID)]
+    body = [c for c in nb.cells if c.get("id") not in FRAME_IDS]
+    graded = bool(cells.points(body))  # notebook 00 has nothing to check or hand in
+    nb.cells = header_cells(assignment) + body + (footer_cells(assignment) if graded else [])
+    nb.metadata.setdefault("tml", {})["assignment"] = assignment
     nbformat.write(nb, path)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import nbformat
 
-from grader.author.bootstrap import add_header
+from grader.author.bootstrap import add_frame
 from grader.course import Assignment, assignments, put_interpreter_on_path
 from grader.paths import NOTEBOOKS
 
@@ -48,7 +48,8 @@ def normalize(path: Path) -> None:
 def generate(into: Path, only: list[Assignment] | None = None) -> Path:
     """Run nbgrader generate_assignment for each assignment into `into/release`; returns `into` (for grading too).
 
-    Each student notebook gets grader/author/bootstrap.py's header: badges, what it needs, the set-up cell.
+    Each student notebook gets grader/author/bootstrap.py's frame: badges, what it needs and the set-up cell on
+    top, the check and how to hand in at the end, its assignment id in its metadata.
     """
     into.mkdir(parents=True, exist_ok=True)
     config = load_config(release_directory=str(into / "release"))
@@ -60,7 +61,7 @@ def generate(into: Path, only: list[Assignment] | None = None) -> Path:
             raise RuntimeError(f"nbgrader could not generate {assignment.name}:\n{result['log']}\n{result.get('error', '')}")
         for nb in (into / "release" / assignment.name).rglob("*.ipynb"):
             normalize(nb)
-            add_header(nb, assignment.name)  # Colab/Kaggle badges, what it needs, the set-up cell
+            add_frame(nb, assignment.name)  # badges, what it needs, the set-up cell; the check; its assignment id
     return into
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -13,30 +14,37 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import nbformat
 from tqdm import tqdm
 
 from grader.author.release import generate
+from grader.batch import stopping
 from grader.collect.deadlines import Config, Lateness, Override, check_students, lateness, overrides_for, settle
 from grader.collect.submissions import MAX_NOTEBOOK_BYTES, Submission, collect, unpack_zip
 from grader.course import Assignment, assignments
 from grader.judge.grading import GradingEnvironmentBroken, known_mistakes, plain_kernel_factory, reference_records
 from grader.kernel import kernelspec, limits, sandbox
 from grader.kernel.harness import own_cells_budget
+from grader.kernel.sandbox import remove_tree
 from grader.paths import BUILD, KERNEL_PACKAGES, PYPROJECT, REPO
 from grader.report.outputs import write_outputs
-from grader.results import Note, NoteKind, Result, Spec
+from grader.results import Note, NoteKind, Result, Spec, status_text
 
 TEMPLATES = BUILD / "grading-templates"
+T = TypeVar("T")
+R = TypeVar("R")
 # Seconds a worker may spend beyond the per-cell limits (kernel start, nbgrader, feedback HTML).
 WORKER_OVERHEAD_S = 120
 
 
-__all__ = ["GradingEnvironmentBroken", "SandboxUnavailable", "autograde"]
+__all__ = ["GradingEnvironmentBroken", "Interrupted", "SandboxUnavailable", "autograde"]
+Interrupted = stopping.Interrupted
 
 
 class SandboxUnavailable(RuntimeError):
@@ -87,6 +95,7 @@ class WorkerProcess:
     def __init__(self, env: dict[str, str], log: Path) -> None:
         self.env, self.log = env, log
         self.process: subprocess.Popen | None = None
+        self.halted = False
 
     def _start(self) -> subprocess.Popen:
         self.log.parent.mkdir(parents=True, exist_ok=True)
@@ -105,9 +114,17 @@ class WorkerProcess:
         self.process.wait()
         self.process = None
 
+    def halt(self) -> None:
+        """Stop for good: the worker (and everything it started) now, and no new one later."""
+        self.halted = True
+        if self.process is not None:
+            stopping.kill_tree(self.process.pid, include_self=True)
+        self.stop()
+
     def close(self) -> None:
         if self.process is not None and self.process.stdin:
-            self.process.stdin.close()
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
             try:
                 self.process.wait(timeout=10)
                 self.process = None
@@ -120,6 +137,8 @@ class WorkerProcess:
         spec_path.parent.mkdir(parents=True, exist_ok=True)
         spec_path.write_text(spec.to_json())
         Path(spec.result).unlink(missing_ok=True)
+        if self.halted:
+            return Result(spec.student, spec.assignment, {}, {}, [Note(NoteKind.GRADER_ERROR, "the batch was stopped")])
         if self.process is None or self.process.poll() is not None:
             self.process = self._start()
         assert self.process.stdin and self.process.stdout
@@ -138,6 +157,18 @@ class WorkerProcess:
         return Result(spec.student, spec.assignment, {}, {}, [note])
 
 
+@dataclass
+class _Pending:
+    """One hand-in to grade: its spec, fingerprint, wall-clock budget, and what its row needs besides the grade."""
+
+    spec: Spec
+    fingerprint: str
+    wall: float
+    sub: Submission
+    late: Lateness
+    overrides: list[Override]
+
+
 def _zero_filled(result: Result, maxima: dict[str, float]) -> Result:
     result.max_scores = result.max_scores or dict(maxima)
     result.scores = {k: result.scores.get(k, 0.0) for k in result.max_scores}
@@ -148,6 +179,25 @@ def _apply_lateness(result: Result, sub: Submission, late: Lateness, overrides: 
     """Record when the hand-in came; the instructor's overrides and the late policy decide its points."""
     result.submitted_at = sub.submitted_at
     return settle(result, late, overrides)
+
+
+@dataclass
+class _Run:
+    """What every step of one autograde run works with."""
+
+    out: Path
+    known: dict[str, Assignment]
+    config: Config
+    feedback: str
+    timeout: int
+    sandboxed: bool
+    jobs: int
+    env: dict[str, str] = field(default_factory=dict)
+    kept: int = 0  # rows graded and written by this run (what an interrupted run keeps)
+
+    @property
+    def work(self) -> Path:
+        return self.out / ".work"
 
 
 def autograde(
@@ -173,9 +223,32 @@ def autograde(
     extensions and the late policy (grader/collect/deadlines.py; checked against the class before grading);
     `feedback` the feedback page's mode (default: the config's, else "after-release"). `shard` = (K, N)
     grades only the students of shard K of N (grader/batch/shards.py); `grader merge` joins the shards.
+    Ctrl-C or SIGTERM stops it within seconds (grader/batch/stopping.py): `Interrupted` is raised, no
+    worker, fork server or kernel is left, hand-ins in progress get no row, and what was graded stays cached.
     """
     config = config or Config()
-    feedback = feedback or config.feedback
+    _check_sandbox(sandboxed)
+    jobs = jobs or os.cpu_count() or 1
+    run = _Run(out, {a.name: a for a in assignments()}, config, feedback or config.feedback, timeout, sandboxed, jobs)
+    with stopping.sigterm_as_interrupt(), _unpacked(submissions, run, only) as root:
+        try:
+            subs = _collected(root, run, only, shard, progress)
+            run.env = _worker_env(jobs)
+            graded = sorted({s.assignment for s in subs if s.assignment in run.known})
+            # (no template when nothing is graded: release.generate would read an empty list as "every assignment")
+            template = _template([run.known[a] for a in graded]) if graded else Path()
+            _prepare(run, graded)
+            results, pending = _plan(run, subs, template, force)
+            results += _grade(run, pending, progress)
+        except KeyboardInterrupt as stop:
+            stopping.kill_tree(os.getpid())
+            sandbox.sweep_stale_folders()
+            raise stopping.Interrupted(str(stop) or "SIGINT", run.kept) from None
+    write_outputs(results, run.known, out, report=report)
+    return results
+
+
+def _check_sandbox(sandboxed: bool) -> None:
     if sandboxed and (why := sandbox.why_unavailable()):
         raise SandboxUnavailable(
             f"the kernel sandbox cannot be built here ({why}), so student code would run with your permissions. "
@@ -183,113 +256,153 @@ def autograde(
             "to grade without isolation at your own risk.")
     if sandboxed:
         kernelspec.install_kernelspec()
-    jobs = jobs or os.cpu_count() or 1
-    work = out / ".work"
-    known = {a.name: a for a in assignments()}
-    root = submissions
-    if submissions.is_file():
-        root = unpack_zip(submissions, Path(tempfile.mkdtemp(prefix="unpacked-", dir=_mkdir(work))), list(known.values()),
-                          only)
-    subs = collect(root, list(known.values()), only)
+
+
+@contextlib.contextmanager
+def _unpacked(submissions: Path, run: _Run, only: str | None) -> Iterator[Path]:
+    """`submissions` as a folder: itself, or an LMS zip unpacked into the one place each run uses, removed after."""
+    if not submissions.is_file():
+        yield submissions
+        return
+    root = run.work / "unpacked"
+    remove_tree(root)  # what a run that was killed left
+    try:
+        yield unpack_zip(submissions, _mkdir(root), list(run.known.values()), only)
+    finally:
+        remove_tree(root)
+
+
+def _collected(root: Path, run: _Run, only: str | None, shard: tuple[int, int] | None,
+               progress: bool) -> list[Submission]:
+    """The class's hand-ins (only this shard's students when sharding), the config checked against the class."""
+    subs = collect(root, list(run.known.values()), only)
     # a typo in an extension or override stops here, before any grading
-    config = check_students(config, {s.student for s in subs}, {name: a.grade_cells() for name, a in known.items()})
-    for line in config.matched if progress else ():
+    run.config = check_students(run.config, {s.student for s in subs},
+                                {name: a.grade_cells() for name, a in run.known.items()})
+    for line in run.config.matched if progress else ():
         print(line)
-    if shard is not None:
-        from grader.batch.shards import in_shard, write_manifest
+    if shard is None:
+        return subs
+    from grader.batch.shards import in_shard, write_manifest
 
-        write_manifest(_mkdir(out), shard, subs)
-        subs = [s for s in subs if in_shard(s.student, *shard)]
-    graded = sorted({s.assignment for s in subs if s.assignment in known})
-    # (no template when nothing is graded: release.generate would read an empty list as "every assignment")
-    template = _template([known[a] for a in graded]) if graded else Path()
+    write_manifest(_mkdir(run.out), shard, subs)
+    return [s for s in subs if in_shard(s.student, *shard)]
 
+
+def _worker_env(jobs: int) -> dict[str, str]:
     env = dict(os.environ)
     # Parallel kernels share the cores: one torch thread per kernel keeps them from fighting.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))
-    # What every hidden observation must be, from the reference solution (raises when it fails here),
-    # and what each known mistake records (to name the one a wrong answer behaves like). Cached per version.
-    def prepare(name: str) -> None:
-        kernels = plain_kernel_factory({"OMP_NUM_THREADS": env["OMP_NUM_THREADS"]})
-        reference_records(known[name], kernels, timeout)
-        known_mistakes(known[name], kernels, timeout, jobs)
+    return env
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        list(pool.map(prepare, graded))
+
+def _prepare(run: _Run, graded: list[str]) -> None:
+    """What every hidden observation must be, from the reference solution (raises when it fails here), and what
+    each known mistake records (to name the one a wrong answer behaves like). Cached per version."""
+    def prepare(name: str) -> None:
+        kernels = plain_kernel_factory({"OMP_NUM_THREADS": run.env["OMP_NUM_THREADS"]})
+        reference_records(run.known[name], kernels, run.timeout)
+        known_mistakes(run.known[name], kernels, run.timeout, run.jobs)
+
+    _parallel(prepare, graded, run.jobs)
+
+
+def _parallel(function: Callable[[T], R], items: list[T], jobs: int) -> list[R]:
+    """`function` over `items` in `jobs` threads. Unlike `with ThreadPoolExecutor`, an interrupt is not held up
+    until every thread has finished (the caller kills what the threads wait for)."""
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    try:
+        return list(pool.map(function, items))
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _plan(run: _Run, subs: list[Submission], template: Path, force: bool) -> tuple[list[Result], list[_Pending]]:
+    """Rows known without grading (no assignment, or cached with the same fingerprint), and the specs to grade."""
     code = code_digest()
     results: list[Result] = []
-    pending: list[tuple[Spec, str, float]] = []
-    late_of: dict[tuple[str, str], tuple[Submission, Lateness, list[Override]]] = {}
+    pending: list[_Pending] = []
     for sub in subs:
-        assignment = known.get(sub.assignment)
-        result_path = work / "results" / sub.student / f"{sub.assignment}.json"
-        late = lateness(config, sub.student, sub.assignment, sub.submitted_at)
-        by_hand = overrides_for(config, sub.student, sub.assignment)
-        late_of[sub.student, sub.assignment] = (sub, late, by_hand)
-        page = json.dumps([feedback, asdict(late), [asdict(o) for o in by_hand]])
-        fingerprint = _fingerprint(sub, assignment, timeout, sandboxed, code, page)
+        assignment = run.known.get(sub.assignment)
+        result_path = run.work / "results" / sub.student / f"{sub.assignment}.json"
+        late = lateness(run.config, sub.student, sub.assignment, sub.submitted_at)
+        by_hand = overrides_for(run.config, sub.student, sub.assignment)
+        fingerprint = _fingerprint(sub, assignment, run.timeout, run.sandboxed, code,
+                                   json.dumps([run.feedback, asdict(late), [asdict(o) for o in by_hand]]))
         stamp = result_path.with_suffix(".fingerprint")
         if assignment is None:
             notes = [*sub.notes, *([sub.problem] if sub.problem else [])]
             results.append(_apply_lateness(Result(sub.student, sub.assignment, {}, {}, notes), sub, late, by_hand))
-            continue
-        if not force and result_path.exists() and stamp.exists() and stamp.read_text() == fingerprint:
+        elif not force and result_path.exists() and stamp.exists() and stamp.read_text() == fingerprint:
             results.append(_apply_lateness(Result.read(result_path), sub, late, by_hand))
-            continue
-        stamp.unlink(missing_ok=True)
-        spec = Spec(student=sub.student, assignment=sub.assignment, notebook=assignment.notebook,
-                    submitted=str(sub.notebook or ""), template=str(template), result=str(result_path),
-                    feedback=str(out / "feedback" / sub.student / sub.assignment / f"{assignment.name}.html"),
-                    timeout=timeout, sandbox=sandboxed, problem=sub.problem, notes=sub.notes,
-                    feedback_mode=feedback, lateness=asdict(late) if late.due else {},
-                    overrides=[asdict(o) for o in by_hand])
-        code_cells = sum(c.cell_type == "code" for c in nbformat.read(assignment.source, as_version=4).cells)
-        # Every cell and test at its limit, twice over (a crash replays what ran), plus the student's own cells.
-        pending.append((spec, fingerprint, 2 * timeout * code_cells + own_cells_budget(timeout) + WORKER_OVERHEAD_S))
+        else:
+            stamp.unlink(missing_ok=True)
+            spec = Spec(student=sub.student, assignment=sub.assignment, notebook=assignment.notebook,
+                        submitted=str(sub.notebook or ""), template=str(template), result=str(result_path),
+                        feedback=str(run.out / "feedback" / sub.student / sub.assignment / f"{assignment.name}.html"),
+                        timeout=run.timeout, sandbox=run.sandboxed, problem=sub.problem, notes=sub.notes,
+                        feedback_mode=run.feedback, lateness=asdict(late) if late.due else {},
+                        overrides=[asdict(o) for o in by_hand])
+            pending.append(_Pending(spec, fingerprint, _wall_budget(assignment, run.timeout), sub, late, by_hand))
+    return results, pending
 
-    workers = [WorkerProcess(env, work / "logs" / f"worker-{i}.log") for i in range(min(jobs, len(pending)))]
+
+def _wall_budget(assignment: Assignment, timeout: int) -> float:
+    """Every cell and test at its limit, twice over (a crash replays what ran), plus the student's own cells."""
+    code_cells = sum(c.cell_type == "code" for c in nbformat.read(assignment.source, as_version=4).cells)
+    return 2 * timeout * code_cells + own_cells_budget(timeout) + WORKER_OVERHEAD_S
+
+
+def _grade(run: _Run, pending: list[_Pending], progress: bool) -> list[Result]:
+    """Grade `pending` in parallel workers; each row is written (and cached) the moment it is graded."""
+    workers = [WorkerProcess(run.env, run.work / "logs" / f"worker-{i}.log") for i in range(min(run.jobs, len(pending)))]
     idle: queue.Queue[WorkerProcess] = queue.Queue()
     for worker in workers:
         idle.put(worker)
 
-    def run(spec: Spec, wall: float) -> Result:
+    def grade_one(item: _Pending) -> Result:
         worker = idle.get()
         try:
-            return worker.grade(spec, wall)
+            return worker.grade(item.spec, item.wall)
         finally:
             idle.put(worker)
 
-    # Every worker checks its environment on the reference before any student's code runs anywhere, so a
-    # hand-in cannot starve a canary (and stop the batch) by hogging the machine.
-    broken = _warm_up(workers, [(spec, wall) for spec, _, wall in pending])
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(run, spec, wall): (spec, fp) for spec, fp, wall in pending}
+    results: list[Result] = []
+    pool = ThreadPoolExecutor(max_workers=run.jobs)
+    try:
+        # Every worker checks its environment on the reference before any student's code runs anywhere, so a
+        # hand-in cannot starve a canary (and stop the batch) by hogging the machine.
+        broken = _warm_up(workers, [(item.spec, item.wall) for item in pending])
+        futures = {pool.submit(grade_one, item): item for item in ([] if broken else pending)}
         bar = tqdm(as_completed(futures), total=len(futures), desc="grading", unit="submission", disable=not progress)
         for future in bar:
-            if future.cancelled():
-                continue
-            spec, fingerprint = futures[future]
             result = future.result()
             if result.broken:  # the canary failed: stop, and never write a grade for anyone
-                broken = broken or result.broken
-                for other in futures:
-                    other.cancel()
-                continue
-            if broken:
-                continue
-            # Kept like a grade even when the worker died on it: a hand-in that crashes the grader is
-            # reported once, not regraded (and crashing) on every run; --force tries again.
-            result = _apply_lateness(_zero_filled(result, known[spec.assignment].grade_cells()),
-                                     *late_of[spec.student, spec.assignment])
-            result.write(Path(spec.result))
-            Path(spec.result).with_suffix(".fingerprint").write_text(fingerprint)
-            results.append(result)
-    for worker in workers:
-        worker.close()
+                broken = result.broken
+                break
+            results.append(_record(run, futures[future], result))
+            run.kept += 1
+    except KeyboardInterrupt:  # no worker may start again, none may finish what it was grading
+        for worker in workers:
+            worker.halt()
+        raise
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        for worker in workers:
+            worker.close()
     if broken:
         raise GradingEnvironmentBroken(broken)
-    write_outputs(results, known, out, report=report)
     return results
+
+
+def _record(run: _Run, item: _Pending, result: Result) -> Result:
+    """Write one graded row and its fingerprint. Kept like a grade even when the worker died on it: a hand-in that
+    crashes the grader is reported once, not regraded (and crashing) on every run; --force tries again."""
+    result = _apply_lateness(_zero_filled(result, run.known[item.spec.assignment].grade_cells()), item.sub, item.late,
+                             item.overrides)
+    result.write(Path(item.spec.result))
+    Path(item.spec.result).with_suffix(".fingerprint").write_text(item.fingerprint)
+    return result
 
 
 def _warm_up(workers: list[WorkerProcess], pending: list[tuple[Spec, float]]) -> str:
@@ -305,14 +418,14 @@ def _warm_up(workers: list[WorkerProcess], pending: list[tuple[Spec, float]]) ->
             probe = dataclasses.replace(first, student="", canary_only=True,
                                         result=str(Path(first.result).parent.parent / f".canary-{id(worker)}.json"))
             result = worker.grade(probe, wall)
-            # no points to give (notebook 00) is no failure; no points and a note is a worker that died
-            problem = result.broken or ("" if result.max_scores else "; ".join(note.text for note in result.status))
+            # the worker died or ran out of time (an assignment without tests, like 00, also has no max_scores)
+            died = not result.max_scores and any(n.kind in (NoteKind.GRADER_ERROR, NoteKind.LIMIT_HIT) for n in result.status)
+            problem = result.broken or (status_text(result.status) if died else "")
             if problem:
                 return problem
         return ""
 
-    with ThreadPoolExecutor(max_workers=len(workers)) as pool:
-        return next((p for p in pool.map(check, workers) if p), "")
+    return next((p for p in _parallel(check, workers, len(workers)) if p), "")
 
 
 def _template(chosen: list[Assignment]) -> Path:
@@ -329,8 +442,12 @@ def _template(chosen: list[Assignment]) -> Path:
     for assignment in chosen:
         digest.update(assignment.name.encode() + assignment.source.read_bytes())
     folder = TEMPLATES / digest.hexdigest()[:16]
+    for stale in TEMPLATES.glob("partial-*-*"):  # left by a run that was killed while it generated
+        pid = stale.name.split("-")[1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(stale, ignore_errors=True)
     if not folder.exists():
-        partial = Path(tempfile.mkdtemp(prefix="partial-", dir=_mkdir(TEMPLATES)))
+        partial = Path(tempfile.mkdtemp(prefix=f"partial-{os.getpid()}-", dir=_mkdir(TEMPLATES)))
         generate(partial, chosen)
         try:
             partial.rename(folder)

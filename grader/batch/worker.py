@@ -23,6 +23,7 @@ from pathlib import Path
 import nbformat
 
 from grader.author.mutants import load_mutants
+from grader.batch import stopping
 from grader.collect.deadlines import settle
 from grader.collect.submissions import MAX_NOTEBOOK_BYTES
 from grader.course import assignment_named, put_interpreter_on_path
@@ -42,16 +43,52 @@ from grader.report.feedback import write_feedback
 from grader.results import Note, NoteKind, Result, Spec
 from labkit import cells
 
+# What parsing a hand-in may build: JSON values (objects, arrays, strings, numbers …) and nesting. A notebook
+# of empty objects under the byte limit would otherwise make this process 24 times its size.
+MAX_JSON_VALUES = 2_000_000
+MAX_JSON_DEPTH = 64
+# With escaped backslashes and quotes removed first (left to right, as a parser pairs them), a string runs to
+# its closing quote, or to the end of a broken file: a match never fails, so the substitution stays linear.
+_JSON_STRING = re.compile(rb'"[^"]*(?:"|\Z)')
+_OPENS, _CLOSES = b"[{", b"]}"
+
+
+class TooLarge(ValueError):
+    """A hand-in over a bound of parsing: bytes, values or depth."""
+
+
+def check_json_bounds(data: bytes) -> None:
+    """TooLarge unless `data` holds at most MAX_JSON_VALUES values nested at most MAX_JSON_DEPTH deep.
+
+    Counted on the text with every string replaced by one character (brackets in cell sources do not count):
+    a value is a container, a key or what follows a comma; the depth is the largest running sum of brackets.
+    """
+    import numpy as np
+
+    unescaped = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    if unescaped.count(b'"') > 4 * MAX_JSON_VALUES:  # two quotes a string, each string a key or a value
+        raise TooLarge(f"more than {MAX_JSON_VALUES} JSON values")
+    skeleton = _JSON_STRING.sub(b"0", unescaped)
+    values = sum(skeleton.count(bytes([c])) for c in b",:[{") + 1
+    if values > MAX_JSON_VALUES:
+        raise TooLarge(f"more than {MAX_JSON_VALUES} JSON values")
+    brackets = np.frombuffer(skeleton.translate(None, bytes(c for c in range(256) if c not in _OPENS + _CLOSES)),
+                             dtype=np.uint8)
+    steps = np.where(np.isin(brackets, np.frombuffer(_OPENS, dtype=np.uint8)), 1, -1).astype(np.int8)
+    if steps.size and int(np.cumsum(steps, dtype=np.int32).max()) > MAX_JSON_DEPTH:
+        raise TooLarge(f"nested deeper than {MAX_JSON_DEPTH} levels")
+
 
 def _load(path: Path) -> nbformat.NotebookNode:
-    """The handed-in notebook: a regular file (never through a link), bounded in size, nbformat 4."""
+    """The handed-in notebook: a regular file (never through a link), bounded in size, values and depth, nbformat 4."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             raise ValueError("not a regular file")
         data = f.read(MAX_NOTEBOOK_BYTES + 1)
     if len(data) > MAX_NOTEBOOK_BYTES:
-        raise ValueError(f"larger than {MAX_NOTEBOOK_BYTES // 2**20} MB")
+        raise TooLarge(f"larger than {MAX_NOTEBOOK_BYTES // 2**20} MB")
+    check_json_bounds(data)
     return cells_of(json.loads(data.decode("utf-8")))
 
 
@@ -128,6 +165,9 @@ def grade(spec: Spec) -> Result:
         return result
     try:
         submitted = _load(Path(spec.submitted))
+    except TooLarge as exc:
+        result.status.append(Note(NoteKind.INVALID, f"notebook too large to read: {exc}"))
+        return result
     except Exception as exc:  # any unreadable file is a status, not a crash
         result.status.append(Note(NoteKind.INVALID, f"invalid notebook: {type(exc).__name__}: {str(exc)[:200]}"))
         return result
@@ -184,6 +224,7 @@ def grade_to_file(spec_path: Path) -> None:
 
 def main() -> int:
     logging.basicConfig(level=logging.WARNING)
+    stopping.die_with_parent()  # a parent killed outright (SIGKILL) leaves no worker, fork server or kernel
     put_interpreter_on_path()
     # stdout is the channel to the parent; everything else written to fd 1 (kernels started from
     # here inherit it) goes to the log on stderr instead.

@@ -1,17 +1,29 @@
 """Finding submissions in a folder (`<student>/<assignment>/<notebook>.ipynb`) or an LMS zip.
 
 Collection never trusts a hand-in: it lists folders without following links, looks only at regular
-files, reads nothing but names and sizes (the worker reads the one notebook it grades, bounded in
-size), and turns everything odd — a link, a device file, an unreadable folder, an unsafe name, a
-file too large — into a status on that student's row, so one hand-in cannot stop the batch.
+files, reads names and sizes and, only where a name does not say which assignment a notebook is, that
+notebook's metadata (bounded in size; `assignment_in`), and turns everything odd — a link, a device file,
+an unreadable folder, an unsafe name, a file too large, a notebook of another assignment — into a status
+on that student's row, so one hand-in cannot stop the batch.
+
+A hand-in renamed on the way is still graded as its assignment: by its name once the additions of
+re-uploads, Colab (`Copy of …`) and Kaggle (`-` for `_`) are taken off, or else by the assignment the
+release wrote into its metadata (`metadata.tml.assignment`); the status says what it was called.
+
+Hand-in times come only from the collection, never from what a student uploaded: from an LMS zip,
+the time the zip records for the hand-in's files (kept in `COLLECTION_TIMES` beside the unpacked
+folders, where no upload can land); from a folder, nbgrader's `timestamp.txt`, which its exchange
+writes. A `timestamp.txt` inside an LMS upload is the student's own file: ignored, with a status note.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path, PurePosixPath
@@ -28,8 +40,11 @@ CANVAS_NAME = re.compile(r"^(?P<student>[^_/]+)(?P<late>_late)?_(?P<user>\d+)_\d
 MOODLE_FOLDER = re.compile(r"^(?P<student>.+?)_(?P<user>\d+)_assignsubmission_file_?$")
 # What people add to a file name when they upload it again: " (1)", "-2", "_final", "_v3", " copy".
 RENAMED = re.compile(r"(?:\s*\(\d+\)|-\d+|_final|_v\d+|[ _-]copy)+$", re.I)
+COPY_OF = re.compile(r"^copy[ _-]of[ _-]", re.I)  # Colab's "Save a copy in Drive"
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$")
 TIMESTAMP_FILE = "timestamp.txt"  # nbgrader's convention: when the hand-in arrived
+# Written by unpack_zip beside the student folders (a dot name: never a student): "student/assignment" -> time
+COLLECTION_TIMES = ".collection-times.json"
 
 
 @dataclass
@@ -41,7 +56,7 @@ class Submission:
     notebook: Path | None = None  # the regular file to grade
     notes: list[Note] = field(default_factory=list)  # renamed, extra files, refused links …
     problem: Note | None = None  # set when there is nothing to grade; the row says why
-    submitted_at: str = ""  # ISO time from the LMS or timestamp.txt, when known
+    submitted_at: str = ""  # ISO time from the LMS zip or nbgrader's timestamp.txt, when known
 
 
 def slug(name: str) -> str:
@@ -50,10 +65,34 @@ def slug(name: str) -> str:
     return cleaned if SAFE_NAME.match(cleaned) else ""
 
 
+def _plain(stem: str) -> str:
+    return re.sub(r"[\s_-]+", "_", stem).lower()
+
+
 def notebook_for(file_name: str, known: list[Assignment]) -> Assignment | None:
-    """The assignment a handed-in file name belongs to, allowing the suffixes re-uploads add."""
-    stem = RENAMED.sub("", PurePosixPath(file_name).stem).strip()
-    return next((a for a in known if a.name == stem), None)
+    """The assignment a handed-in file name belongs to, allowing what re-uploads, Colab and Kaggle add."""
+    stem = _plain(RENAMED.sub("", COPY_OF.sub("", PurePosixPath(file_name).stem)).strip())
+    return next((a for a in known if _plain(a.name) == stem), None)
+
+
+def assignment_in(data: bytes, known: list[Assignment]) -> Assignment | None:
+    """The assignment a notebook's own metadata names (the release writes it), or None: not JSON, no such
+    metadata, or an assignment not in `known`."""
+    try:
+        meta = json.loads(data[:MAX_NOTEBOOK_BYTES]).get("metadata", {})
+        name = meta.get("tml", {}).get("assignment")
+    except (ValueError, AttributeError, RecursionError):  # not JSON, or not shaped like a notebook
+        return None
+    return next((a for a in known if a.name == name), None)
+
+
+def _read_bounded(path: Path) -> bytes:
+    """The start of a regular file, or b"" when it cannot be read (the worker then says why)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(MAX_NOTEBOOK_BYTES + 1)
+    except OSError:
+        return b""
 
 
 # --- LMS zips ---------------------------------------------------------------------------------------------
@@ -69,9 +108,10 @@ def unpack_zip(archive: Path, into: Path, known: list[Assignment], only: str | N
     Understands a zip that already has the folder layout (optionally inside one top folder), Canvas's
     flat `<name>[_LATE]_<user id>_<submission id>_<file>` names and Moodle's `<Full Name>_<user id>_
     assignsubmission_file_/` folders. Students are keyed by name *and* LMS user id, so two students with
-    the same name stay two rows. A file whose name matches no notebook goes to the only assignment the
-    zip is for, when there is one. Unsafe paths are skipped; when the zip says when a file arrived, that
-    time is written to the folder's timestamp.txt.
+    the same name stay two rows. A file whose name matches no notebook goes to the assignment its metadata
+    names, or else to the only assignment the zip is for, when there is one. Unsafe paths are skipped. The
+    newest time the zip records for a hand-in's files is its hand-in time, written to `COLLECTION_TIMES` in
+    `into` (read by `collect`).
     """
     into.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(archive) as zf:
@@ -81,9 +121,14 @@ def unpack_zip(archive: Path, into: Path, known: list[Assignment], only: str | N
         parts = [PurePosixPath(m.filename).parts for m in members]
         tops = {p[0] for p in parts if len(p) > 1}
         strip = 1 if len(tops) == 1 and all(len(p) >= 4 for p in parts) else 0
-        placed = [(m, _place(p[strip:], known)) for m, p in zip(members, parts)]
+
+        def content(member: zipfile.ZipInfo) -> Callable[[], bytes]:
+            return lambda: zf.open(member).read(MAX_NOTEBOOK_BYTES + 1)
+
+        placed = [(m, _place(p[strip:], known, content(m))) for m, p in zip(members, parts)]
         targets = {a for _, (_, a, _) in placed if a}
         single = only or (next(iter(targets)) if len(targets) == 1 else None)
+        times: dict[str, str] = {}
         for member, (student, assignment, file_name) in placed:
             if not student:
                 continue
@@ -94,28 +139,42 @@ def unpack_zip(archive: Path, into: Path, known: list[Assignment], only: str | N
             target.parent.mkdir(parents=True, exist_ok=True)
             with zf.open(member) as src, open(target, "wb") as dst:
                 dst.write(src.read(MAX_NOTEBOOK_BYTES + 1))
-            stamp = target.parent / TIMESTAMP_FILE
-            if not stamp.exists():
-                stamp.write_text(datetime(*member.date_time).isoformat())
+            key = f"{student}/{assignment}"
+            times[key] = max(times.get(key, ""), datetime(*member.date_time).isoformat())
+    (into / COLLECTION_TIMES).write_text(json.dumps(times, indent=1, sort_keys=True))
     return into
 
 
-def _place(part: tuple[str, ...], known: list[Assignment]) -> tuple[str, str, str]:
-    """(student folder, assignment or '', file name) for one zip member; student '' means skip it."""
+def _collection_times(root: Path) -> dict[str, str] | None:
+    """The hand-in times unpack_zip recorded for `root`; None when `root` is not an unpacked zip."""
+    try:
+        times = json.loads((root / COLLECTION_TIMES).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in times.items()} if isinstance(times, dict) else {}
+
+
+def _place(part: tuple[str, ...], known: list[Assignment], content: Callable[[], bytes]) -> tuple[str, str, str]:
+    """(student folder, assignment or '', file name) for one zip member; student '' means skip it. A flat
+    member's assignment comes from its name, or else from its metadata (`content` reads it)."""
     file_name = slug(part[-1]) if part else ""
     if not file_name:
         return "", "", ""
     if len(part) >= 3:  # <student>/<assignment>/<file>
         return slug(part[0]), slug(part[1]), file_name
+
+    def assignment(name: str) -> str:
+        found = notebook_for(name, known) or (assignment_in(content(), known) if name.endswith(".ipynb") else None)
+        return found.name if found else ""
+
     if len(part) == 2 and (moodle := MOODLE_FOLDER.match(part[0])):
-        found = notebook_for(part[1], known)
-        student = slug(f"{moodle.group('student')}_{moodle.group('user')}")
-        return student, found.name if found else "", file_name
+        return slug(f"{moodle.group('student')}_{moodle.group('user')}"), assignment(part[1]), file_name
     canvas = CANVAS_NAME.match(part[-1])
     if not canvas:
         return "", "", ""
-    found = notebook_for(canvas.group("file"), known)
-    return slug(f"{canvas.group('student')}_{canvas.group('user')}"), found.name if found else "", slug(canvas.group("file"))
+    return slug(f"{canvas.group('student')}_{canvas.group('user')}"), assignment(canvas.group("file")), slug(canvas.group("file"))
 
 
 # --- folders ----------------------------------------------------------------------------------------------
@@ -148,7 +207,9 @@ def _entries(folder: Path) -> tuple[list[tuple[Path, os.stat_result]], list[Note
     return sorted(files), odd
 
 
-def _hand_in(student: str, assignment: Assignment, folder: Path) -> Submission:
+def _hand_in(student: str, assignment: Assignment, folder: Path, known: list[Assignment],
+             times: dict[str, str] | None) -> Submission:
+    """What `folder` holds for `assignment`; `times`: the LMS zip's hand-in times (None: a folder of nbgrader's)."""
     sub = Submission(student, assignment.name)
     try:
         files, odd = _entries(folder)
@@ -157,13 +218,21 @@ def _hand_in(student: str, assignment: Assignment, folder: Path) -> Submission:
         return sub
     sub.notes += odd
     stamp = next((p for p, _ in files if p.name == TIMESTAMP_FILE and p.parent == folder), None)
-    if stamp is not None:
-        sub.submitted_at = stamp.read_text(encoding="utf-8", errors="replace")[:64].strip()
+    if times is not None:  # an LMS zip: the time is the zip's; a timestamp.txt came with the student's upload
+        sub.submitted_at = times.get(f"{student}/{assignment.name}", "")
+        if stamp is not None:
+            sub.notes.append(Note(NoteKind.TIME_IGNORED, f"{TIMESTAMP_FILE} in the upload ignored: the hand-in time "
+                                                         f"is the LMS zip's ({sub.submitted_at or 'unknown'})"))
+    elif stamp is not None:
+        sub.submitted_at = _read_small(stamp)
     files = [(p, info) for p, info in files if p != stamp]
     notebooks = [(p, info) for p, info in files if p.suffix == ".ipynb"]
     exact = [n for n in notebooks if n[0].name == assignment.notebook]
     renamed = [n for n in notebooks if notebook_for(n[0].name, [assignment]) is not None]
-    chosen = (exact or renamed or (notebooks if len(notebooks) == 1 else []))[:1]
+    alone = notebooks if len(notebooks) == 1 else []
+    by_content = [n for n in notebooks if not (exact or renamed or alone) and n[1].st_size <= MAX_NOTEBOOK_BYTES
+                  and assignment_in(_read_bounded(n[0]), [assignment]) is not None]
+    chosen = (exact or renamed or alone or by_content)[:1]
     if not chosen:
         names = ", ".join(printable(p.name) for p, _ in notebooks[:5]) or "no notebook"
         sub.problem = Note(NoteKind.MISSING, f"missing notebook {assignment.notebook} (found: {names})")
@@ -173,9 +242,14 @@ def _hand_in(student: str, assignment: Assignment, folder: Path) -> Submission:
         sub.problem = Note(NoteKind.INVALID, f"notebook too large: {printable(path.name)} is {info.st_size / 2**20:.0f} MB "
                                              f"(limit {MAX_NOTEBOOK_BYTES // 2**20} MB)")
         return sub
+    other = assignment_in(_read_bounded(path), known)
+    if other is not None and other.name != assignment.name:
+        sub.problem = Note(NoteKind.MISSING, f"foreign notebook: {printable(path.name)} is {other.name}'s (its metadata)")
+        return sub
     sub.notebook = path
     if path.name != assignment.notebook:
-        sub.notes.insert(0, Note(NoteKind.RENAMED, f"renamed: graded {printable(path.name)} as {assignment.notebook}"))
+        how = " (its metadata)" if by_content else ""
+        sub.notes.insert(0, Note(NoteKind.RENAMED, f"renamed: graded {printable(path.name)} as {assignment.notebook}{how}"))
     others = [printable(p.name) for p, _ in files if p != path]
     if others:
         shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
@@ -192,9 +266,20 @@ def _refused(student: str, assignment: str, why: str) -> Submission:
     return Submission(student, assignment, problem=Note(NoteKind.REFUSED, why))
 
 
+def _read_small(path: Path) -> str:
+    """The first line of a small text file (never through a link, never blocking on a pipe)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as f:
+            return f.read(64).decode("utf-8", errors="replace").strip()
+    except OSError:
+        return ""
+
+
 def collect(root: Path, known: list[Assignment], only: str | None = None) -> list[Submission]:
     """One Submission per student and graded assignment, including students who handed nothing in."""
     by_name = {a.name: a for a in known}
+    times = _collection_times(root)
     found: dict[tuple[str, str], Submission] = {}
     students: list[str] = []
     for entry in _folders(root):
@@ -224,7 +309,7 @@ def collect(root: Path, known: list[Assignment], only: str | None = None) -> lis
                 found[(student, folder.name)] = _refused(student, folder.name,
                                                          f"unknown assignment folder {printable(folder.name)!r}")
             else:
-                found[(student, folder.name)] = _hand_in(student, by_name[folder.name], Path(folder.path))
+                found[(student, folder.name)] = _hand_in(student, by_name[folder.name], Path(folder.path), known, times)
     graded = {only} if only else {a for _, a in found if a in by_name}
     nothing = Note(NoteKind.NO_SUBMISSION, "no submission")
     for student in students:

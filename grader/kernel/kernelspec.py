@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from grader.kernel.limits import Limits
+from grader.kernel.protocol import Request
 from grader.kernel.sandbox import FORKSERVER, NOBODY, ForkServer, sandbox_request
 
 KERNEL_NAME = "course-sandbox"
@@ -109,8 +110,8 @@ def launch(connection_file: str) -> None:
     if control and request_file:
         sys.exit(_run_in_forkserver(control, request_file, connection_file))
     folder, inside = _connection_inside(connection_file)
-    request = {**sandbox_request(Path(folder), [], Limits.from_env()), "connection_file": inside}
-    os.execv(sys.executable, [sys.executable, str(FORKSERVER), "--single", json.dumps(request)])
+    request: Request = {**sandbox_request(Path(folder), [], Limits.from_env()), "connection_file": inside}
+    os.execv(sys.executable, [sys.executable, *FORKSERVER, "--single", json.dumps(request)])
 
 
 if __name__ == "__main__":

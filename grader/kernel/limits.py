@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -20,6 +22,7 @@ SHM_ENV = "COURSE_SANDBOX_SHM_BYTES"  # tmpfs for /dev/shm; 0: none
 PROCESSES_ENV = "COURSE_SANDBOX_PROCESSES"  # processes and threads of the submission
 CPU_ENV = "COURSE_SANDBOX_CPU_SECONDS"  # per process
 CGROUPS_ENV = "COURSE_SANDBOX_CGROUPS"  # "off": no cgroup, the memory watchdog instead
+SCOPE_ENV = "COURSE_SANDBOX_SCOPE"  # set once autograde has rerun itself in a delegated systemd user scope
 
 
 @dataclass(frozen=True)
@@ -73,11 +76,47 @@ def _mountinfo() -> list[tuple[str, str, str, str]]:
     return found
 
 
+def _memory_on_for_children(folder: Path) -> bool:
+    try:
+        return "memory" in (folder / "cgroup.subtree_control").read_text().split()
+    except OSError:
+        return False
+
+
+def delegated_v2_base(own: Path) -> Path | None:
+    """Where submission cgroups can go below the grader's cgroup v2 `own`, or None.
+
+    Either the memory controller is on for `own`'s children already (a root grader, or a delegation that
+    did it), or `own` is the scope autograde reran itself in (`systemd_scope`: delegated to this user, the
+    memory controller available, SCOPE_ENV set): then every process in it moves to a leaf
+    `tml-<pid>-leaf` (cgroup v2 allows no process beside child cgroups) and the controller is switched on.
+    A process born in such a leaf (a worker) finds the base one level up.
+    """
+    if _memory_on_for_children(own):
+        return own
+    if own.name.startswith("tml-") and own.name.endswith("-leaf") and _memory_on_for_children(own.parent):
+        return own.parent
+    if os.geteuid() == 0 or not os.environ.get(SCOPE_ENV):  # only ever the scope autograde made for itself
+        return None
+    try:
+        if own.stat().st_uid != os.geteuid() or "memory" not in (own / "cgroup.controllers").read_text().split():
+            return None
+        leaf = own / f"tml-{os.getpid()}-leaf"
+        leaf.mkdir(exist_ok=True)
+        for pid in (own / "cgroup.procs").read_text().split():
+            (leaf / "cgroup.procs").write_text(pid)
+        (own / "cgroup.subtree_control").write_text("+memory")
+    except OSError:
+        return None
+    return own if _memory_on_for_children(own) else None
+
+
 class MemoryCgroups:
     """One cgroup per submission with its memory limit, below the grader's own cgroup.
 
-    v2: needs the memory controller enabled for the grader's cgroup's children (delegation); v1: needs
-    write access to the memory hierarchy (a root grader). `detect()` returns None where neither works.
+    v2: needs the memory controller enabled for the grader's cgroup's children, or a subtree delegated to the
+    grader where it can switch it on (`delegated_v2_base`); v1: needs write access to the memory hierarchy (a
+    root grader). `detect()` returns None where neither works.
     """
 
     def __init__(self, version: int, base: Path, tag: str) -> None:
@@ -99,13 +138,8 @@ class MemoryCgroups:
             mount = next(point for root, point, fstype, _ in _mountinfo() if fstype == "cgroup2" and root == "/")
         except (OSError, StopIteration):
             return None
-        base = Path(mount + path)
-        try:  # delegated: the memory controller is on for the grader's cgroup's children (never switched on here)
-            if "memory" not in (base / "cgroup.subtree_control").read_text().split():
-                return None
-        except OSError:
-            return None
-        return cls(2, base, tag)
+        base = delegated_v2_base(Path(mount + path))
+        return cls(2, base, tag) if base is not None else None
 
     @classmethod
     def _v1(cls, tag: str) -> MemoryCgroups | None:
@@ -184,6 +218,30 @@ class MemoryCgroups:
                 time.sleep(0.01)
 
 
+def systemd_scope(argv: list[str]) -> list[str] | None:
+    """For a grader that gets no memory cgroup here (not root, nothing delegated): `argv` rerun in a systemd user
+    scope whose cgroup is delegated to it (`systemd-run --user --scope -p Delegate=yes`), where that works; else None."""
+    if os.geteuid() == 0 or os.environ.get(SCOPE_ENV) or os.environ.get(CGROUPS_ENV, "auto") == "off":
+        return None
+    run = shutil.which("systemd-run")
+    if run is None or MemoryCgroups.detect(f"scope-{os.getpid()}") is not None:
+        return None
+    scope = [run, "--user", "--scope", "--quiet", "--collect", "-p", "Delegate=yes"]
+    try:  # a user manager to talk to, and delegation allowed
+        if subprocess.run([*scope, "true"], capture_output=True, timeout=20, check=False).returncode != 0:
+            return None
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return [*scope, "--", *argv]
+
+
+def memory_enforcement() -> str:
+    """In a few words: what limits each submission's memory here (a cgroup, or the sandbox's watchdog)."""
+    cgroups = MemoryCgroups.detect(f"check-{os.getpid()}")
+    return (f"a cgroup v{cgroups.version} per submission" if cgroups else
+            "the sandbox's watchdog (no memory cgroup here; `python -m grader.kernel.sandbox check` says more)")
+
+
 def enforcement() -> dict[str, str]:
     """How each limit is enforced on this machine, for this user (for the instructor and the README)."""
     limits = Limits.from_env()
@@ -191,8 +249,20 @@ def enforcement() -> dict[str, str]:
     memory = (f"cgroup v{cgroups.version} memory limit {limits.memory_bytes} bytes for all processes together"
               if cgroups else
               f"NO cgroup here (no delegated cgroup v2 memory controller, no writable v1 hierarchy): a watchdog "
-              f"in the sandbox's PID 1 kills the submission when its processes hold more than "
-              f"{limits.memory_bytes} bytes of anonymous and shared memory (polled every 50 ms)")
+              f"in the sandbox's PID 1 kills the submission when it holds more than {limits.memory_bytes} bytes: "
+              f"the anonymous and shared memory of every process of its PID namespace (undumpable ones at their "
+              f"resident size), System V IPC, memfd files, its /tmp and /dev/shm, and the buffers of every socket "
+              f"of its network namespace (polled every 50 ms)")
+    if cgroups is None:
+        from grader.kernel.memwatch import socket_bytes
+
+        missing: list[str] = []
+        socket_bytes(missing)
+        if missing:
+            memory += f" — NOT the buffers of {', '.join(missing)} sockets: this kernel cannot report them (sock_diag)"
+    if cgroups is None and systemd_scope(["true"]) is not None:
+        memory += ("; `python -m grader autograde` reruns itself in a systemd user scope with its cgroup delegated "
+                   "(systemd-run --user --scope -p Delegate=yes), where each submission gets a cgroup instead")
     return {
         "memory": memory + f"; RLIMIT_AS {limits.memory_bytes} bytes per process",
         "processes": f"RLIMIT_NPROC {limits.processes} in the submission's user namespace",
@@ -201,4 +271,6 @@ def enforcement() -> dict[str, str]:
         "cpu": f"RLIMIT_CPU {limits.cpu_seconds} s per process",
         "user": ("uid nobody outside its user namespace, no capabilities" if os.geteuid() == 0 else
                  f"uid {os.geteuid()} (yours) outside its user namespace, no capabilities"),
+        "system calls": "seccomp filter at least as strict as Docker's default profile (grader/kernel/seccomp.py); "
+                        "no keyring calls (each kernel also joins a fresh session keyring)",
     }

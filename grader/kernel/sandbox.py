@@ -35,10 +35,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 from grader.kernel.limits import Limits, MemoryCgroups, enforcement
+from grader.kernel.newroot import NOBODY
+from grader.kernel.protocol import IDLE, Request, SandboxLimits
 from grader.paths import KERNEL_PACKAGES
 
-FORKSERVER = Path(__file__).resolve().parent / "forkserver.py"
-NOBODY = 65534
+FORKSERVER = ("-m", "grader.kernel.forkserver")  # the interpreter's arguments that start the fork server
+IDLE_ANSWER = IDLE.decode().strip()
 
 
 # --- what the sandbox binds ---------------------------------------------------------------------------------
@@ -65,10 +67,11 @@ def _kernel_env() -> dict[str, str]:
     }
 
 
-def sandbox_request(folder: Path, cgroups: list[str], limits: Limits) -> dict:
+def sandbox_request(folder: Path, cgroups: list[str], limits: Limits) -> Request:
     """What the fork server needs to build one submission's sandbox (JSON): its folder, binds, environment, limits."""
+    sent = SandboxLimits(**asdict(limits))  # type: ignore[typeddict-item]  # the same fields, checked by a test
     return {"folder": str(folder), "ro_binds": _ro_binds(), "env": _kernel_env(), "cgroups": cgroups,
-            "watchdog": not cgroups, "limits": asdict(limits)}
+            "watchdog": not cgroups, "limits": sent}
 
 
 def _own_folder(folder: Path) -> None:
@@ -97,8 +100,8 @@ def why_unavailable() -> str:
     folder = Path(tempfile.mkdtemp(prefix="sandbox-probe-"))
     try:
         _own_folder(folder / "run")
-        request = {**sandbox_request(folder / "run", [], Limits()), "probe": True}
-        probe = subprocess.run([sys.executable, str(FORKSERVER), "--single", json.dumps(request)],
+        request: Request = {**sandbox_request(folder / "run", [], Limits()), "probe": True}
+        probe = subprocess.run([sys.executable, *FORKSERVER, "--single", json.dumps(request)],
                                capture_output=True, text=True, timeout=60, env=_kernel_env(), check=False)
     except (OSError, subprocess.SubprocessError) as exc:
         return f"{type(exc).__name__}: {exc}"
@@ -110,6 +113,27 @@ def why_unavailable() -> str:
     return lines[-1] if lines else f"exit status {probe.returncode}"
 
 
+FOLDER_PREFIX = "forkserver-"
+
+
+def sweep_stale_folders() -> int:
+    """Remove the fork-server folders of workers that are gone (killed before their cleanup); how many."""
+    removed = 0
+    for folder in Path(tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*-*"):
+        pid = folder.name.removeprefix(FOLDER_PREFIX).split("-")[0]
+        try:
+            mine = folder.lstat().st_uid == os.geteuid() and folder.is_dir() and not folder.is_symlink()
+        except OSError:
+            continue
+        if mine and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            try:
+                remove_tree(folder)
+                removed += 1
+            except OSError:
+                pass
+    return removed
+
+
 class ForkServer:
     """The worker's warm process (grader/kernel/forkserver.py); it builds a fresh sandbox for each kernel it forks.
 
@@ -119,7 +143,9 @@ class ForkServer:
     """
 
     def __init__(self) -> None:
-        self.folder = Path(tempfile.mkdtemp(prefix="forkserver-"))  # 0700: only the grader's user gets in
+        sweep_stale_folders()
+        # 0700: only the grader's user gets in; the worker's pid in the name tells the sweep whose it is
+        self.folder = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
         self.runtime = self.folder / "runtime"
         self.runtime.mkdir()
         self.control = self.folder / "control.sock"
@@ -144,7 +170,7 @@ class ForkServer:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
             listener.bind(str(self.control))
             listener.listen(8)
-            argv = [sys.executable, str(FORKSERVER), str(listener.fileno())]
+            argv = [sys.executable, *FORKSERVER, str(listener.fileno())]
             # Only the server holds the listening socket: if it dies, connecting fails at once.
             self.process = subprocess.Popen(argv, pass_fds=(listener.fileno(),), stdin=subprocess.DEVNULL, env=env,
                                             cwd=self.folder)
@@ -171,9 +197,9 @@ class ForkServer:
             answer = self._ask({}, timeout)
         except OSError:
             answer = ""
-        if answer != "idle":
+        if answer != IDLE_ANSWER:
             self._start()
-            if self._ask({}, timeout) != "idle":
+            if self._ask({}, timeout) != IDLE_ANSWER:
                 raise RuntimeError("the grading sandbox did not start: see the worker log")
         self._clean()
         self.submissions += 1

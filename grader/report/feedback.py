@@ -91,8 +91,8 @@ def _cells(notebook: nbformat.NotebookNode, graded: Graded, released: bool = Tru
         cell_kind, grade_id = cells.kind(cell), cells.grade_id(cell)
         if cell.cell_type == "markdown":
             # The release's prose is the course's own; a student's added prose is shown as text.
-            if cell.get("id") == bootstrap.MARKDOWN_ID:
-                continue  # the "Open in Colab" header: nothing to do with the grade
+            if cell.get("id") in (bootstrap.MARKDOWN_ID, bootstrap.HAND_IN_ID):
+                continue  # the "Open in Colab" header and the hand-in footer: nothing to do with the grade
             body = f"<pre>{_text(cell.source)}</pre>" if cell.metadata.get(ADDED) else _prose(cell.source)
             shown.append(f'<div class="cell">{body}</div>')
             continue

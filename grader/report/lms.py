@@ -54,6 +54,7 @@ from pathlib import Path
 
 from grader.collect.submissions import slug
 from grader.report import moodle
+from grader.results import csv_cell
 
 FORMATS = ("canvas", "gradescope", "moodle")
 TRAILING_ID = re.compile(r"_(\d+)$")
@@ -316,6 +317,22 @@ def _number(text: str) -> float | None:
         return None
 
 
+def _safe(value: object) -> str:
+    """A cell no spreadsheet runs as a formula (names come from rosters and hand-ins); numbers stay numbers."""
+    text = str(value)
+    return text if _number(text) is not None else csv_cell(text)
+
+
+class _SafeWriter:
+    """csv.writer whose every cell goes through `_safe`."""
+
+    def __init__(self, f: io.TextIOBase) -> None:
+        self.writer = csv.writer(f)
+
+    def writerow(self, row: list) -> None:
+        self.writer.writerow([_safe(cell) for cell in row])
+
+
 def _hms(hours: str) -> str:
     seconds = round(float(hours or 0) * 3600)
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
@@ -408,10 +425,10 @@ def export(graded: Path, roster: Roster, out: Path, assignments: list[str] | Non
             rows.append(row + [_hms(str(late_total))])
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", newline="", encoding="utf-8") as f:
-        csv.writer(f).writerows(rows)
+        csv.writer(f).writerows([[_safe(cell) for cell in row] for row in rows])
     sidecar = out.with_name(out.stem + ".matching.csv")
     with open(sidecar, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
+        writer = _SafeWriter(f)
         writer.writerow(["outcome", "student", "roster row", "roster name", "matched by"])
         for m in sorted(matches, key=lambda m: m.student):
             writer.writerow(["matched", m.student, roster.lines[m.row], roster.name(roster.rows[m.row]), m.how])

@@ -1,0 +1,108 @@
+"""Stage C of a submission's sandbox: the student's kernel, confined before any of its code runs.
+
+Resource limits, a session keyring of its own, every capability dropped for good (no_new_privs, empty
+bounding set), the seccomp filter (grader/kernel/seccomp.py: no keyring calls, nothing Docker refuses), then
+ipykernel: it binds its sockets, PID 1 (grader/kernel/pid1.py) seals the socket
+folder, and only then does the kernel serve. Standard library only (ipykernel is imported last).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import signal
+import sys
+
+from grader.kernel import seccomp
+from grader.kernel.protocol import Handshake, Request
+from grader.kernel.syscalls import (
+    PR_CAP_AMBIENT,
+    PR_CAP_AMBIENT_CLEAR_ALL,
+    PR_CAPBSET_DROP,
+    PR_SET_DUMPABLE,
+    PR_SET_NO_NEW_PRIVS,
+    check,
+    join_new_session_keyring,
+    libc,
+    prctl,
+)
+
+WORK = "/tmp/work"  # the kernel's home and working folder
+OPEN_FILES = 4096  # per process (RLIMIT_NOFILE, soft and hard)
+
+
+def drop_privileges() -> None:
+    """No capability, now or after any exec (empty bounding set, no_new_privs)."""
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        last = int(f.read())
+    for cap in range(last + 1):
+        prctl(PR_CAPBSET_DROP, cap)
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+    data = (ctypes.c_uint32 * 6)()
+    check(libc.capset(header, data), "capset")
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+    prctl(PR_SET_DUMPABLE, 1)  # its own /proc files belong to it again
+
+
+def _new_session_keyring() -> None:
+    """A kernel keyring session of its own: keys it adds die with it instead of waiting for the next kernel."""
+    try:
+        join_new_session_keyring()
+    except OSError:
+        pass  # fails only where keys are not built in
+
+
+def _set_limits(request: Request) -> None:
+    limits = request["limits"]
+    for kind, soft, hard in ((resource.RLIMIT_AS, limits["address_space_bytes"], None),
+                             (resource.RLIMIT_FSIZE, limits["file_bytes"], None),
+                             (resource.RLIMIT_NPROC, limits["processes"], None),
+                             (resource.RLIMIT_CPU, limits["cpu_seconds"], limits["cpu_seconds"] + 5),
+                             (resource.RLIMIT_CORE, 0, None),
+                             # descriptors: each can hold a pipe's buffer, which no count of the watchdog sees
+                             (resource.RLIMIT_NOFILE, OPEN_FILES, None)):
+        resource.setrlimit(kind, (soft, soft if hard is None else hard))
+
+
+def _check_unprivileged() -> None:
+    """The probe's question (grader.kernel.sandbox.why_unavailable): does the sandbox stand, hold no privilege,
+    and filter system calls?"""
+    with open("/proc/self/status") as f:
+        status = f.read()
+    if "CapEff:\t0000000000000000" not in status:
+        raise SystemExit("capabilities left after dropping them")
+    if "Seccomp:\t2" not in status:
+        raise SystemExit("no seccomp filter on the kernel")
+    raise SystemExit(0)
+
+
+def run_c(request: Request, ready_w: int, ack_r: int) -> None:
+    """C: the kernel. Limits and privileges first; then ipykernel, which binds its sockets; then student code."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.setsid()
+    os.umask(0o022)
+    os.environ.clear()
+    os.environ.update(request["env"], HOME=WORK, MPLCONFIGDIR=f"{WORK}/.matplotlib", USER="student",
+                      LOGNAME="student")
+    _set_limits(request)
+    _new_session_keyring()
+    drop_privileges()
+    seccomp.load()
+    os.makedirs(WORK, exist_ok=True)
+    os.chdir(WORK)
+    if request.get("probe"):
+        _check_unprivileged()
+    # the history database in memory: one file less to create, nothing kept
+    sys.argv = ["ipykernel_launcher", "-f", request["connection_file"], "--HistoryManager.hist_file=:memory:"]
+    from ipykernel.kernelapp import IPKernelApp
+
+    app = IPKernelApp.instance()
+    app.initialize(sys.argv[1:])
+    os.write(ready_w, Handshake.LISTENING.value)
+    os.close(ready_w)
+    if os.read(ack_r, 1) != Handshake.SEALED.value:
+        raise RuntimeError("the sandbox did not seal the socket folder")
+    os.close(ack_r)
+    app.start()

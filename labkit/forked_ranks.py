@@ -1,0 +1,232 @@
+"""Ranks forked from this very process, each running a function (behind helpers.distributed.run_ranks) (notebook 07).
+
+`torch.multiprocessing.spawn` starts fresh interpreters, which look a function up by name and cannot find
+one a notebook cell defined. A fork is a copy of this process: the function, and the data it uses, are
+already there. Each child gets its environment, joins the process group (the caller's `join`), runs the
+function, and leaves a record — {"value"} or {"error", "message"} — that comes back in the result.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from labkit.launch import (
+    LaunchResult,
+    RankError,
+    culprit,
+    finish,
+    own_lines,
+    rank_label,
+    stop_launch,
+    stream,
+    tail,
+)
+from labkit.rank_server import PolledChild
+
+# The launcher's own frames are not the rank's code: a rank's traceback starts below them.
+_LAUNCHER_FILES = {__file__}
+
+
+class ForkedRank(PolledChild):
+    """A child of os.fork with the parts of `subprocess.Popen` a launch uses (notebook 07)."""
+
+    def __init__(self, pid: int, stdout: io.RawIOBase) -> None:
+        self.pid, self.stdout = pid, stdout
+        self.returncode = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: its exit status is lost
+                self.returncode = -1
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+
+_PRELOADED = False
+
+
+def preload() -> None:
+    """Import, once, what every rank would otherwise import on its own (DDP's first use imports torch._dynamo) (notebook 07)."""
+    global _PRELOADED
+    if not _PRELOADED:
+        # Should an import ask torch.cuda.is_available(), let it ask NVML: the CUDA runtime's own check initialises
+        # the driver in this process, after which forked ranks could not use the GPU.
+        saved = os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")
+        os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+        try:
+            import torch._dynamo
+            import torch.distributed
+            import torch.nn.parallel  # noqa: F401
+        finally:
+            if saved is None:
+                os.environ.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
+            else:
+                os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = saved
+        _PRELOADED = True
+
+
+def launch_function(fn: Callable[..., Any], args: tuple, kwargs: dict, envs: Sequence[dict[str, str]],
+                    join: Callable[[], object] | None, *, backend: str, timeout: float, echo: bool, check: bool,
+                    threads: int) -> LaunchResult:
+    """Fork one rank per environment in `envs`; each calls `join()` (when given), then `fn(*args, **kwargs)` (notebook 07).
+
+    What each rank returned comes back in `values`. When one rank fails the others are stopped; on
+    timeout every rank is. With `check`, a rank at an unfinished exercise raises NotImplementedError,
+    a rank whose function raised raises RankError, any other failure LaunchError.
+    """
+    preload()
+    nproc = len(envs)
+    folder = Path(tempfile.mkdtemp(prefix="tml-ranks-"))
+    name = getattr(fn, "__qualname__", repr(fn))
+    command = [f"{name}()", f"on {nproc} ranks forked from process {os.getpid()}", backend]
+    start = time.perf_counter()
+    ranks: list[ForkedRank] = []
+    try:
+        for rank, env in enumerate(envs):
+            ranks.append(_fork_rank(fn, args, kwargs, join, env, threads, folder / f"rank{rank}.pt", timeout,
+                                    [r.stdout.fileno() for r in ranks]))
+        output, timed_out, closed = stream(ranks, rank_label, timeout, echo, stop_on_failure=True)
+        seconds = time.perf_counter() - start
+        records = [_read_record(folder / f"rank{rank}.pt") for rank in range(nproc)]
+    finally:
+        if any(rank_process.poll() is None for rank_process in ranks):
+            stop_launch(ranks, grace=1.0)
+        for rank_process in ranks:
+            rank_process.stdout.close()
+        shutil.rmtree(folder, ignore_errors=True)
+    codes = [r.returncode for r in ranks]
+    values = tuple(r.get("value") if r else None for r in records)
+    failed = culprit(codes, closed)
+    if timed_out or failed is None:
+        return finish("the ranks", 0 if failed is None else codes[failed] or 0, output, timed_out, seconds, command,
+                      check, timeout, backend=backend, values=values)
+    record = records[failed] or {}
+    if check and record.get("error") == "NotImplementedError":
+        raise NotImplementedError(f"rank {failed}: {record.get('message') or 'an unfinished exercise'}") from None
+    own = own_lines(output, failed)
+    if check and record.get("error"):
+        raise RankError(f"rank {failed} raised {record['error']}: {record.get('message', '')}\nlast output:\n{tail(own)}",
+                        failed, record["error"], record.get("message", ""))
+    return finish(f"rank {failed}", codes[failed] or 0, output, timed_out, seconds, command, check, timeout,
+                  tail_of=own, backend=backend, values=values)
+
+
+def _read_record(path: Path) -> dict | None:
+    import torch
+
+    try:
+        return torch.load(path, weights_only=False)
+    except Exception:
+        return None
+
+
+def _fork_rank(fn: Callable[..., Any], args: tuple, kwargs: dict, join: Callable[[], object] | None,
+               env: dict[str, str], threads: int, record_path: Path, timeout: float, inherited: list[int]) -> ForkedRank:
+    """Fork one rank: it joins the group (`join`), runs `fn`, saves {"value"} or {"error", "message"}, and exits."""
+    read_end, write_end = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # Python 3.12+: fork with threads (the kernel's) running
+        pid = os.fork()
+    if pid == 0:  # the rank; it never returns from here
+        _become_rank(fn, args, kwargs, join, env, threads, record_path, timeout, [read_end, *inherited], write_end)
+    os.close(write_end)
+    return ForkedRank(pid, os.fdopen(read_end, "rb", buffering=0))
+
+
+def _leave_together(timeout: float) -> None:
+    """Leave the process group; rank 0, which hosts the group's store, waits until every other rank has left.
+
+    A rank whose function ends without a last collective may still need rank 0's store (to join or to
+    leave the group) after rank 0's function has returned: rank 0 must not exit before it.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    store, rank, world = _get_default_store(), dist.get_rank(), dist.get_world_size()
+    dist.destroy_process_group()
+    if rank != 0:
+        store.add("tml/left", 1)
+        return
+    deadline = time.monotonic() + timeout
+    while store.add("tml/left", 0) < world - 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def _own_output(close: list[int], output: int) -> None:
+    """In the child: its own session and signals; stdout and stderr go to `output` only."""
+    os.setsid()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for fd in close:
+        os.close(fd)
+    os.dup2(output, 1)
+    os.dup2(output, 2)
+    os.close(output)
+    # A kernel's sys.stdout sends to Jupyter through threads this child does not have: write to the pipe.
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True, write_through=True)
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True, write_through=True)
+
+
+def _failure_record(exc: BaseException) -> dict:
+    """Print the rank's traceback (its own frames only) and say what it raised."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename in _LAUNCHER_FILES:
+        tb = tb.tb_next
+    message = str(exc)[:2000]
+    if isinstance(exc, NotImplementedError) and tb is not None:
+        where = traceback.extract_tb(tb)[-1].name  # a stub: its name says enough
+        message = message or f"{where}() is not written yet"
+        print(f"NotImplementedError: {message}", file=sys.stderr)
+    else:
+        traceback.print_exception(type(exc), exc, tb or exc.__traceback__)
+    return {"error": type(exc).__name__, "message": message}
+
+
+def _become_rank(fn: Callable[..., Any], args: tuple, kwargs: dict, join: Callable[[], object] | None,
+                 env: dict[str, str], threads: int, record_path: Path, timeout: float, close: list[int],
+                 output: int) -> None:
+    code, record = 1, {"error": "SystemExit", "message": "the rank stopped before it finished"}
+    try:
+        _own_output(close, output)
+        os.environ.update(env)
+        import torch
+
+        torch.set_num_threads(threads)
+        if join is not None:
+            join()
+        value = fn(*args, **kwargs)
+        record, code = {"value": value}, 0
+        _leave_together(timeout)
+    except BaseException as exc:
+        record = _failure_record(exc)
+    finally:
+        try:
+            import torch
+
+            torch.save(record, record_path)
+        except Exception:
+            traceback.print_exc()
+            code = code or 1
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)

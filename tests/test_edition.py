@@ -1,0 +1,139 @@
+"""The student edition (`python -m grader edition OUT --git`): a repository for students with nothing secret in it.
+
+Fast: the edition's course script, pins and pyproject are the instructor's less the instructor's tools. Slow (one
+build, about 20 s of nbgrader): what the command writes and warns, that it is a git repository with its tag, that it
+holds no solution, hidden test, grader, mutant or reference record, that a stale release is refused with the
+reason; and the edition's own `./course setup` gives a JupyterLab with no nbgrader extension and no grading kernel.
+"""
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+
+import nbformat
+import pytest
+import tomllib
+from conftest import PYTHON, REPO
+from packaging.requirements import Requirement
+
+from grader.author import check, edition
+from grader.author.bootstrap import SETTING, settings
+
+FILES = {"notebooks", "helpers", "labkit", "course", "requirements.txt", "environment.yml", "pyproject.toml",
+         "README.md", ".gitignore"}
+
+
+@pytest.mark.integration  # bash checks the script
+def test_the_course_script_of_the_edition_has_no_instructor_command():
+    script = edition.course_script()
+    for gone in ("grader", "pytest", "ruff", "mypy", "chromium", "kernelspec", "demo)", "test)", "# >>> instructor"):
+        assert gone not in script, gone
+    for kept in ("lab)", "setup)", "validate)", "quiet_lab", "fetchNews"):
+        assert kept in script, kept
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)  # still a valid script
+
+
+def test_the_edition_pins_leave_out_the_instructor_tools():
+    pins = edition._without_instructor_pins((REPO / "requirements.txt").read_text())
+    names = {Requirement(line).name.lower() for line in pins.splitlines() if line and not line.startswith("#")}
+    assert not names & edition.INSTRUCTOR_ONLY and {"torch", "jupyterlab", "ipykernel", "torchviz"} <= names
+    conda = edition._without_instructor_pins((REPO / "environment.yml").read_text())
+    assert "nbgrader" not in conda and "jupyterlab==" in conda and "- -e ." in conda
+
+
+def test_the_edition_pyproject_declares_ranges_and_torch_only_as_an_extra():
+    ours = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    theirs = tomllib.loads(edition.pyproject(settings()))
+    assert theirs["project"]["dependencies"] == ours["dependencies"]
+    assert all(Requirement(d).name != "torch" and "==" not in d for d in theirs["project"]["dependencies"])
+    assert theirs["project"]["optional-dependencies"]["torch"] == ours["optional-dependencies"]["torch"]
+    assert theirs["tool"]["setuptools"]["packages"] == ["helpers", "labkit", "labkit.notebooks"]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """`python -m grader edition OUT --git`, as an instructor runs it."""
+    out = tmp_path_factory.mktemp("edition") / "tml-students"
+    run = subprocess.run([PYTHON, "-m", "grader", "edition", str(out), "--git"], cwd=REPO, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return out, run
+
+
+@pytest.mark.slow
+def test_the_edition_is_a_tagged_repository_with_nothing_secret(built):
+    out, run = built
+    assert {p.name for p in out.iterdir()} - {".git"} == FILES | ({"LICENSE"} if (REPO / "LICENSE").exists() else set())
+    assert edition.edition_leaks(out) == []
+    s = settings()
+    assert subprocess.run(["git", "-C", str(out), "tag"], capture_output=True, text=True).stdout.split() == [s.release_tag]
+    assert subprocess.run(["git", "-C", str(out), "status", "--porcelain"], capture_output=True, text=True).stdout == ""
+    assert f"push origin main {s.release_tag}" in run.stdout and "MiB" in run.stdout
+    if not s.published:
+        assert f"warning: {SETTING} is still the placeholder" in run.stderr
+    for assignment in ("01_gradient_descent", "07_distributed"):
+        theirs = nbformat.read(out / "notebooks" / assignment / f"{assignment}.ipynb", as_version=4)
+        assert theirs == nbformat.read(REPO / "notebooks" / assignment / f"{assignment}.ipynb", as_version=4)
+    readme = (out / "README.md").read_text()
+    assert "Check, then hand in" in readme and s.release_tag in readme
+    with pytest.raises(edition.EditionRefused, match="already has the tag"):
+        edition.commit_and_tag(out)
+
+
+@pytest.mark.slow
+def test_the_leak_check_finds_what_must_not_be_published(built, tmp_path):
+    out = tmp_path / "copy"
+    shutil.copytree(built[0], out, ignore=shutil.ignore_patterns(".git"))
+    source = nbformat.read(REPO / "solutions/01_gradient_descent/01_gradient_descent.ipynb", as_version=4)
+    (out / "notebooks" / "solution.ipynb").write_text(nbformat.writes(source))
+    (out / "labkit" / "mutants").mkdir()
+    (out / "labkit" / "mutants" / "01.toml").write_text("")
+    leaks = edition.edition_leaks(out)
+    assert any("solution/hidden-test marker" in leak for leak in leaks)
+    assert any("labkit/mutants/01.toml must not be in the edition" in leak for leak in leaks)
+
+
+@pytest.mark.slow
+def test_a_stale_release_is_refused_with_the_reason(tmp_path, monkeypatch):
+    stale = tmp_path / "notebooks"
+    shutil.copytree(REPO / "notebooks", stale)
+    path = stale / "01_gradient_descent" / "01_gradient_descent.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    nb.cells[-3].source += "\n# edited by hand"
+    nbformat.write(nb, path)
+    monkeypatch.setattr(check, "NOTEBOOKS", stale)
+    with pytest.raises(edition.EditionRefused, match="release is stale.*01_gradient_descent.*run `python -m grader release`"):
+        edition.write_edition(tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_the_edition_lab_has_no_nbgrader_and_no_grading_kernel(built):
+    """The edition's own `./course setup`, as a student runs it on a laptop: then what its JupyterLab would load."""
+    out, _ = built
+    run = subprocess.run([str(out / "course"), "setup"], capture_output=True, text=True,
+                         env={k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")})
+    assert run.returncode == 0, run.stdout + run.stderr
+    jupyter = str(out / ".venv" / "bin" / "jupyter")
+    specs = json.loads(subprocess.run([jupyter, "kernelspec", "list", "--json"], capture_output=True, text=True,
+                                      check=True).stdout)["kernelspecs"]
+    assert list(specs) == ["python3"], specs
+    extensions = subprocess.run([jupyter, "labextension", "list"], capture_output=True, text=True, check=True)
+    server = subprocess.run([jupyter, "server", "extension", "list"], capture_output=True, text=True, check=True)
+    for listing in (extensions, server):
+        assert "nbgrader" not in (listing.stdout + listing.stderr).lower()
+    overrides = json.loads((out / ".venv/share/jupyter/lab/settings/overrides.json").read_text())
+    assert overrides["@jupyterlab/apputils-extension:notification"]["fetchNews"] == "false"
+    validate = subprocess.run([str(out / "course"), "validate", "notebooks/01_gradient_descent/01_gradient_descent.ipynb"],
+                              cwd=out, capture_output=True, text=True)
+    assert validate.returncode == 1 and "✗ mse_grad: not answered yet" in validate.stdout, validate.stdout
+
+
+def test_the_edition_readme_links_every_notebook_once_published():
+    published = dataclasses.replace(settings(), repository="https://github.com/some-school/tml-students", release_tag="v9.1")
+    text = edition.readme(published)
+    for name in ("00_setup", "07_distributed"):
+        assert f"colab.research.google.com/github/some-school/tml-students/blob/v9.1/notebooks/{name}/{name}.ipynb" in text
+    unpublished = dataclasses.replace(published, repository="https://github.com/YOUR-ORG/tml-students")
+    assert "colab.research.google.com/github" not in edition.readme(unpublished)

@@ -1,0 +1,120 @@
+"""The sandbox's and the worker's parts that need no kernel: wire types, the seccomp policy, socket accounting, bounds."""
+
+import json
+import struct
+import subprocess
+import sys
+from dataclasses import fields
+
+import nbformat
+import pytest
+
+from grader.author.mutants import reference_submission
+from grader.batch import worker
+from grader.course import assignment_named
+from grader.kernel import memwatch, seccomp
+from grader.kernel.limits import Limits
+from grader.kernel.protocol import SandboxLimits
+
+# What Docker's default profile never allows, or allows only with a capability the kernel does not have
+# (CAP_SYS_ADMIN, CAP_SYS_PTRACE, CAP_BPF, CAP_PERFMON, CAP_SYS_MODULE, …), as listed in its profile.
+DOCKER_REFUSED = ("keyctl add_key request_key userfaultfd io_uring_setup io_uring_enter io_uring_register pivot_root "  # noqa: SIM905
+                  "kexec_load kexec_file_load swapon swapoff nfsservctl vm86 vm86old create_module get_kernel_syms "
+                  "query_module uselib ustat sysfs _sysctl move_pages bpf clone3 fanotify_init fsconfig fsmount "
+                  "fsopen fspick lookup_dcookie mount mount_setattr move_mount open_tree perf_event_open quotactl "
+                  "quotactl_fd setdomainname sethostname setns syslog umount umount2 unshare reboot chroot "
+                  "init_module finit_module delete_module acct kcmp pidfd_getfd process_madvise iopl ioperm "
+                  "settimeofday stime clock_settime vhangup get_mempolicy mbind set_mempolicy open_by_handle_at "
+                  "ptrace process_vm_readv process_vm_writev").split()
+
+
+def test_the_wire_limits_are_the_limits():
+    assert list(SandboxLimits.__annotations__) == [f.name for f in fields(Limits)]
+
+
+def test_the_seccomp_allow_list_holds_nothing_docker_refuses():
+    allowed = set(seccomp.DOCKER_ALLOWED) - set(seccomp.STRICTER)
+    for names in seccomp.ARCH_ALLOWED.values():
+        allowed |= set(names)
+    assert allowed.isdisjoint(DOCKER_REFUSED), sorted(allowed & set(DOCKER_REFUSED))
+    assert set(seccomp.KEY_CALLS) <= set(DOCKER_REFUSED) and "prctl" in seccomp.DOCKER_ALLOWED
+
+
+SOCKETS_IN_A_NEW_NETWORK_NAMESPACE = """
+import ctypes, json, socket
+from grader.kernel import memwatch
+assert ctypes.CDLL(None, use_errno=True).unshare(0x10000000 | 0x40000000) == 0  # CLONE_NEWUSER | CLONE_NEWNET
+before = memwatch.socket_bytes()
+a, b = socket.socketpair()
+a.setblocking(False)
+queued = 0
+try:
+    while True:
+        queued += a.send(b"x" * 65536)
+except BlockingIOError:
+    pass
+print(json.dumps([before, queued, memwatch.socket_bytes()]))
+"""
+
+
+@pytest.mark.integration  # a Python process that holds the sockets
+def test_socket_buffers_are_read_from_sock_diag():
+    """The netlink query PID 1 makes in a sandbox, here in a network namespace of its own (no other sockets)."""
+    done = subprocess.run([sys.executable, "-c", SOCKETS_IN_A_NEW_NETWORK_NAMESPACE], capture_output=True, text=True,
+                          check=False)
+    if done.returncode != 0:
+        pytest.skip(f"no user namespace for the test: {done.stderr[-300:]}")
+    before, queued, after = json.loads(done.stdout)
+    # before: only the query's own netlink socket, holding its replies
+    assert before < 2**20 and after - before >= queued > 0, (before, queued, after)
+
+
+def test_meminfo_attribute_parsing():
+    info = struct.pack("9I", 100, 0, 7, 0, 0, 30, 0, 0, 0)  # rmem 100, wmem_alloc 7, wmem_queued 30
+    payload = b"\0" * 16 + struct.pack("HH", 4 + len(info), 5) + info
+    assert memwatch._meminfo_bytes(payload, 16, 5) == 130
+    assert memwatch._meminfo_bytes(payload, 16, 7) == 0
+
+
+def _write(tmp_path, data: bytes):
+    path = tmp_path / "nb.ipynb"
+    path.write_bytes(data)
+    return path
+
+
+def test_the_worker_parses_a_notebook_within_bounds(tmp_path):
+    reference = nbformat.writes(reference_submission(assignment_named("01"))).encode()
+    assert worker._load(_write(tmp_path, reference)).cells
+    empties = b'{"nbformat": 4, "cells": [' + b",".join([b"{}"] * (worker.MAX_JSON_VALUES + 1)) + b"]}"
+    with pytest.raises(worker.TooLarge, match="JSON values"):
+        worker._load(_write(tmp_path, empties))
+    deep = json.dumps({"nbformat": 4, "cells": [], "metadata": {}}).encode()[:-1] + b', "x": ' + \
+        b"[" * (worker.MAX_JSON_DEPTH + 1) + b"]" * (worker.MAX_JSON_DEPTH + 1) + b"}"
+    with pytest.raises(worker.TooLarge, match="deeper"):
+        worker._load(_write(tmp_path, deep))
+    brackets_in_sources = json.dumps({"nbformat": 4, "cells": [{"cell_type": "code", "source": "[" * 10_000,
+                                                                "metadata": {}}]}).encode()
+    assert worker._load(_write(tmp_path, brackets_in_sources)).cells[0].source == "[" * 10_000
+
+
+def test_a_delegated_cgroup_v2_subtree_is_found(tmp_path, monkeypatch):
+    """The cgroup v2 paths cannot run here (v1 only): where submission cgroups go, on a tree of plain files."""
+    from grader.kernel import limits
+
+    own = tmp_path / "user.slice" / "run-u7.scope"
+    own.mkdir(parents=True)
+    (own / "cgroup.subtree_control").write_text("memory pids\n")
+    assert limits.delegated_v2_base(own) == own  # switched on already
+    leaf = own / "tml-42-leaf"  # a worker born in the leaf its parent made
+    leaf.mkdir()
+    (leaf / "cgroup.subtree_control").write_text("")
+    assert limits.delegated_v2_base(leaf) == own
+    (own / "cgroup.subtree_control").write_text("")
+    (own / "cgroup.controllers").write_text("memory pids\n")
+    assert limits.delegated_v2_base(own) is None  # not the scope autograde made for itself: never claimed
+    monkeypatch.setenv(limits.SCOPE_ENV, "1")
+    monkeypatch.setattr(limits.os, "geteuid", lambda: own.stat().st_uid + 1)
+    assert limits.delegated_v2_base(own) is None  # not this user's subtree
+    monkeypatch.delenv(limits.SCOPE_ENV)
+    monkeypatch.setattr(limits.shutil, "which", lambda name: None)
+    assert limits.systemd_scope(["grade"]) is None  # no systemd-run: the watchdog

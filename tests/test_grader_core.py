@@ -10,6 +10,7 @@ import copy
 import json
 import subprocess
 import sys
+from queue import Empty
 
 import pytest
 import torch
@@ -277,3 +278,57 @@ def test_a_scenario_leaves_torch_settings_as_it_found_them():
         assert torch.get_default_dtype() == torch.float64
     finally:
         torch.set_default_dtype(torch.float32)
+
+
+class StartingClient:
+    """A kernel client whose kernel answers kernel_info late: each reply answers the request before the last."""
+
+    def __init__(self, idle_lost_for=()):
+        self.sent, self.replies, self.iopub = [], [], []
+        self.idle_lost_for = set(idle_lost_for)  # requests whose idle went out before iopub was subscribed
+
+    def kernel_info(self):
+        self.sent.append(f"request-{len(self.sent)}")
+        if len(self.sent) >= 2:  # the kernel listens from the second request on and answers the first
+            answered = self.sent[len(self.sent) - 2]
+            self.replies.append({"msg_type": "kernel_info_reply", "parent_header": {"msg_id": answered}})
+            if answered not in self.idle_lost_for:
+                self.iopub.append({"msg_type": "status", "parent_header": {"msg_id": answered},
+                                   "content": {"execution_state": "idle"}})
+        return self.sent[-1]
+
+    def get_shell_msg(self, timeout=None):
+        if not self.replies:
+            raise Empty
+        return self.replies.pop(0)
+
+    def get_iopub_msg(self, timeout=None):
+        if not self.iopub:
+            raise Empty
+        return self.iopub.pop(0)
+
+
+def _starting_kernel(client, alive=True):
+    from grader.kernel.harness import Kernel
+
+    kernel = Kernel.__new__(Kernel)  # no manager, no process: only the readiness handshake
+    kernel.client = client
+    kernel.alive = lambda: alive
+    return kernel
+
+
+def test_a_kernel_is_ready_when_a_reply_and_its_own_idle_arrived_even_if_it_answers_an_older_request():
+    client = StartingClient()
+    _starting_kernel(client)._wait_until_ready(timeout=30)
+    assert client.sent == ["request-0", "request-1"]  # the reply to request-0 came after request-1 was sent
+
+
+def test_a_reply_whose_idle_iopub_missed_is_asked_again():
+    client = StartingClient(idle_lost_for={"request-0"})
+    _starting_kernel(client)._wait_until_ready(timeout=30)
+    assert len(client.sent) == 3
+
+
+def test_a_kernel_that_never_answers_is_dead_or_late():
+    with pytest.raises(RuntimeError, match="Kernel died before replying to kernel_info"):
+        _starting_kernel(StartingClient(idle_lost_for={f"request-{i}" for i in range(9)}), alive=False)._wait_until_ready(30)

@@ -1,11 +1,13 @@
-"""Benchmark: per-notebook run time and peak memory; autograde throughput, where its time goes, and its floor.
+"""Benchmark: per-notebook run time and peak memory; autograde throughput, where its time goes, its floor, and
+stock nbgrader's time over the same hand-ins.
 
     .venv/bin/python benchmarks/run.py                      # every solution notebook + a class of 100 copies of 01
-    .venv/bin/python benchmarks/run.py --skip-notebooks --copies 20 --compare-unsandboxed
+    .venv/bin/python benchmarks/run.py --skip-notebooks --copies 20 --compare-unsandboxed --skip-nbgrader
 
 The floor is what grading cannot beat: the same steps (set-up cells, answers, hidden-test scenarios) run
-again and again in one warm kernel, with no kernel start, no sandbox and no judging. Numbers are for the
-machine it runs on; nothing here is asserted by the test suite.
+again and again in one warm kernel, with no kernel start, no sandbox and no judging. CPU seconds are printed
+beside wall seconds: on a shared machine they are the steadier figure. Numbers are for the machine it runs
+on; nothing here is asserted by the test suite.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -24,13 +27,15 @@ from pathlib import Path
 import nbformat
 from jupyter_client import AsyncKernelManager
 
+from labkit import cells
 from labkit.runner import NotebookRunner
 
 REPO = Path(__file__).resolve().parent.parent
+NOT_RUN_TAG = "tml-not-graded"  # stock nbgrader skips cells with this tag (Execute.skip_cells_with_tag)
 sys.path.insert(0, str(REPO))
 
 from grader.author.bootstrap import bootstrap_source  # noqa: E402
-from grader.author.mutants import reference_submission  # noqa: E402
+from grader.author.mutants import reference_answers, reference_submission  # noqa: E402
 from grader.author.selftest import put  # noqa: E402
 from grader.course import assignment_named, put_interpreter_on_path  # noqa: E402
 from grader.judge import grading  # noqa: E402
@@ -72,17 +77,56 @@ def run_notebook(path: Path) -> dict[str, float]:
             "slowest_cell": slowest_any, "peak_mib": peak, "errors": errors}
 
 
-def autograde_class(assignment: str, copies: int, workdir: Path, jobs: int, *extra: str) -> tuple[float, Path]:
-    """Seconds for `python -m grader autograde` over `copies` reference hand-ins (feedback included), and its output."""
+def children_cpu() -> float:
+    """CPU seconds of every finished process this one waited for, and theirs (workers, fork servers, kernels)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def autograde_class(assignment: str, copies: int, workdir: Path, jobs: int, *extra: str) -> tuple[float, float, Path]:
+    """`python -m grader autograde` over `copies` reference hand-ins (feedback included): wall seconds, CPU
+    seconds of all its processes, and its output folder."""
     cls = workdir / "class"
     if not cls.exists():
         for i in range(copies):
             put(cls, f"student{i:03d}", assignment_named(assignment), reference_submission(assignment_named(assignment)))
     out = Path(tempfile.mkdtemp(prefix="graded-", dir=workdir))
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), children_cpu()
     subprocess.run([sys.executable, "-m", "grader", "autograde", str(cls), "--out", str(out), "--jobs", str(jobs),
                     "--timeout", "120", *extra], check=True, cwd=REPO, capture_output=True)
-    return time.perf_counter() - start, out
+    return time.perf_counter() - start, children_cpu() - cpu, out
+
+
+def stock_nbgrader(assignment: str, copies: int, workdir: Path) -> tuple[float, float]:
+    """Wall and CPU seconds of stock `nbgrader autograde` over the same hand-ins (throughput only: its scores are
+    not compared).
+
+    The course's source notebook goes through stock `nbgrader generate_assignment`; each hand-in is that release
+    with the reference answers, as a student would hand it in. nbgrader runs every cell of each hand-in in a fresh
+    kernel, one hand-in after another (its default); the cells our grader never runs (demo and claim cells:
+    labkit.cells.SKIPPED) are skipped there too.
+    """
+    chosen = assignment_named(assignment)
+    course = workdir / "stock-nbgrader"
+    source = nbformat.read(chosen.source, as_version=4)
+    for cell in source.cells:
+        if cell.cell_type == "code" and cells.kind(cell) in cells.SKIPPED:
+            cell.metadata.setdefault("tags", []).append(NOT_RUN_TAG)
+    (course / "source" / assignment).mkdir(parents=True)
+    nbformat.write(source, course / "source" / assignment / chosen.notebook)
+    nbgrader = [str(Path(sys.executable).parent / "nbgrader")]
+    common = [f"--CourseDirectory.root={course}", f"--Execute.skip_cells_with_tag={NOT_RUN_TAG}", "--Execute.timeout=120"]
+    subprocess.run([*nbgrader, "generate_assignment", assignment, "--force", *common], check=True, cwd=course,
+                   capture_output=True)
+    handed_in = nbformat.read(course / "release" / assignment / chosen.notebook, as_version=4)
+    answers = reference_answers(chosen)
+    for cell in handed_in.cells:
+        cell.source = answers.get(cells.grade_id(cell), cell.source)
+    for i in range(copies):
+        put(course / "submitted", f"student{i:03d}", chosen, handed_in)
+    start, cpu = time.perf_counter(), children_cpu()
+    subprocess.run([*nbgrader, "autograde", assignment, "--force", *common], check=True, cwd=course, capture_output=True)
+    return time.perf_counter() - start, children_cpu() - cpu
 
 
 def stages(out: Path) -> dict[str, float]:
@@ -184,6 +228,44 @@ def bootstrap_seconds() -> float:
         kernel.stop()
 
 
+def grading_benchmark(args: argparse.Namespace) -> None:
+    """Autograde's throughput over the class, where its time goes, its floor, and stock nbgrader's time beside it."""
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        # the grading template and the reference records are cached per version: make them first
+        autograde_class(args.assignment, 1, Path(tmp) / "warm", args.jobs)
+        seconds, cpu, out = autograde_class(args.assignment, args.copies, Path(tmp), args.jobs)
+        spent = stages(out)
+        start = time.perf_counter()  # the class report alone (autograde writes it too), Python start included
+        subprocess.run([sys.executable, "-m", "grader", "report", str(out)], check=True, cwd=REPO, capture_output=True)
+        report_s = time.perf_counter() - start
+        bare = autograde_class(args.assignment, args.copies, Path(tmp), args.jobs, "--unsandboxed")[0] \
+            if args.compare_unsandboxed else None
+        stock = None if args.skip_nbgrader else stock_nbgrader(args.assignment, args.copies, Path(tmp))
+    per_copy = floor(args.assignment, 5)
+    record_s, match_s = mistake_matching(args.assignment, args.jobs)
+    print(f"\nautograde, {args.copies} copies of the {args.assignment} reference, --jobs {args.jobs}, sandboxed:")
+    print(f"  {seconds:6.1f} s  ({60 * args.copies / seconds:5.1f} submissions/min, feedback pages included); "
+          f"{cpu:.1f} s of CPU in all its processes ({cpu / args.copies:.2f} s per copy)")
+    print("  mean seconds per submission, by stage: " + ", ".join(f"{k} {v:.3f}" for k, v in spent.items()))
+    print(f"  floor (the same steps in one warm kernel): {per_copy:.3f} s per copy -> "
+          f"{per_copy * args.copies / args.jobs:.1f} s for {args.copies} copies on {args.jobs} workers")
+    if stock is not None:
+        print(f"  stock nbgrader autograde over the same {args.copies} copies (one after another, its default): "
+              f"{stock[0]:6.1f} s, {stock[1]:.1f} s of CPU ({stock[0] / args.copies:.2f} s per copy; "
+              f"ours is {stock[0] / seconds:.1f}× its throughput)")
+    print(f"  class report of the {args.copies} hand-ins (`python -m grader report`): {report_s:.2f} s (issue 15: ≤ 5 s)")
+    print(f"  known mistakes (issue 15): recorded once per version of the course in {record_s:.1f} s "
+          f"({100 * record_s / seconds:.0f} % of this class's time, on the first batch only; cached after), "
+          f"matched against a failed test in {1000 * match_s:.2f} ms")
+    if bare is not None:
+        print(f"  the same --unsandboxed: {bare:6.1f} s ({100 * (seconds / bare - 1):+.1f} % for the sandbox)")
+    build_ms, load_ms, call_ns = seccomp_cost()
+    per_submission = seconds * args.jobs / args.copies
+    print(f"  seccomp filter (issue 21): {load_ms:.2f} ms to load per kernel (built once per worker in {build_ms:.0f} ms), "
+          f"{call_ns:+.0f} ns per system call; today's {per_submission:.3f} s per submission (on one worker) "
+          f"-> +{100 * load_ms / 1000 / per_submission:.2f} % for loading it")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--copies", type=int, default=100, help="submissions in the throughput class")
@@ -192,6 +274,7 @@ def main() -> int:
     parser.add_argument("--skip-notebooks", action="store_true")
     parser.add_argument("--skip-grading", action="store_true")
     parser.add_argument("--compare-unsandboxed", action="store_true", help="also grade the class without the sandbox")
+    parser.add_argument("--skip-nbgrader", action="store_true", help="do not time stock nbgrader over the same copies")
     args = parser.parse_args()
     put_interpreter_on_path()
     print(f"machine: {os.cpu_count()} cores, python {sys.version.split()[0]}")
@@ -208,34 +291,7 @@ def main() -> int:
           "(issue 14: ≤ 0.5 s)")
 
     if not args.skip_grading:
-        with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-            # the grading template and the reference records are cached per version: make them first
-            autograde_class(args.assignment, 1, Path(tmp) / "warm", args.jobs)
-            seconds, out = autograde_class(args.assignment, args.copies, Path(tmp), args.jobs)
-            spent = stages(out)
-            start = time.perf_counter()  # the class report alone (autograde writes it too), Python start included
-            subprocess.run([sys.executable, "-m", "grader", "report", str(out)], check=True, cwd=REPO, capture_output=True)
-            report_s = time.perf_counter() - start
-            bare = autograde_class(args.assignment, args.copies, Path(tmp), args.jobs, "--unsandboxed")[0] \
-                if args.compare_unsandboxed else None
-        per_copy = floor(args.assignment, 5)
-        record_s, match_s = mistake_matching(args.assignment, args.jobs)
-        print(f"\nautograde, {args.copies} copies of the {args.assignment} reference, --jobs {args.jobs}, sandboxed:")
-        print(f"  {seconds:6.1f} s  ({60 * args.copies / seconds:5.1f} submissions/min, feedback pages included)")
-        print("  mean seconds per submission, by stage: " + ", ".join(f"{k} {v:.3f}" for k, v in spent.items()))
-        print(f"  floor (the same steps in one warm kernel): {per_copy:.3f} s per copy -> "
-              f"{per_copy * args.copies / args.jobs:.1f} s for {args.copies} copies on {args.jobs} workers")
-        print(f"  class report of the {args.copies} hand-ins (`python -m grader report`): {report_s:.2f} s (issue 15: ≤ 5 s)")
-        print(f"  known mistakes (issue 15): recorded once per version of the course in {record_s:.1f} s "
-              f"({100 * record_s / seconds:.0f} % of this class's time, on the first batch only; cached after), "
-              f"matched against a failed test in {1000 * match_s:.2f} ms")
-        if bare is not None:
-            print(f"  the same --unsandboxed: {bare:6.1f} s ({100 * (seconds / bare - 1):+.1f} % for the sandbox)")
-        build_ms, load_ms, call_ns = seccomp_cost()
-        per_submission = seconds * args.jobs / args.copies
-        print(f"  seccomp filter (issue 21): {load_ms:.2f} ms to load per kernel (built once per worker in {build_ms:.0f} ms), "
-              f"{call_ns:+.0f} ns per system call; today's {per_submission:.3f} s per submission (on one worker) "
-              f"-> +{100 * load_ms / 1000 / per_submission:.2f} % for loading it")
+        grading_benchmark(args)
     return 0
 
 

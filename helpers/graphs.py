@@ -138,19 +138,48 @@ def _collect(outputs: Sequence[torch.Tensor], params: Mapping[str, torch.Tensor]
     return graph
 
 
-def _layout(graph: _Graph) -> tuple[list[tuple[list[tuple[float, float]], bool]], float, float]:
+Polyline = tuple[list[tuple[float, float]], bool]  # an edge's points, and whether it ends in an arrow
+
+
+def _layout(graph: _Graph) -> tuple[list[Polyline], float, float]:
     """Layered layout: outputs in the bottom row, each node one row above the lowest node it feeds.
 
     Edges that skip rows pass through invisible dummy nodes, so they bend around the rows they cross;
     a few barycentre sweeps order each row to reduce crossings. Returns the edges as polylines and the
     drawing's width and height.
     """
+    depth = _layers(graph)
+    chains = _chains(graph, depth)
+    top = max(n.layer for n in graph.nodes.values())
+    rows: list[list[object]] = [[] for _ in range(top + 1)]
+    for key, node in graph.nodes.items():
+        rows[node.layer].append(key)
+    ups: dict[object, list[object]] = {k: [] for k in graph.nodes}
+    downs: dict[object, list[object]] = {k: [] for k in graph.nodes}
+    for chain, _ in chains:
+        for a, b in zip(chain, chain[1:]):
+            downs[a].append(b)
+            ups[b].append(a)
+    _order_rows(rows, ups, downs)
+    width = _place_columns(graph, rows, ups, downs)
+    height = _place_rows(graph, rows)
+    polylines = []
+    for chain, arrow in chains:
+        points = [(graph.nodes[chain[0]].x, graph.nodes[chain[0]].y + graph.nodes[chain[0]].height)]
+        points += [(graph.nodes[k].x, graph.nodes[k].y + graph.nodes[k].height / 2) for k in chain[1:-1]]
+        points.append((graph.nodes[chain[-1]].x, graph.nodes[chain[-1]].y))
+        polylines.append((points, arrow))
+    return polylines, width, height
+
+
+def _layers(graph: _Graph) -> dict[object, int]:
+    """Each node's row: its longest path down to an output. Sets every node's layer and box size."""
     below: dict[object, list[object]] = {k: [] for k in graph.nodes}
     for upper, lower, _ in graph.edges:
         below[upper].append(lower)
     depth: dict[object, int] = {}
 
-    def depth_of(key: object) -> int:  # longest path down to an output (the graph has no cycles)
+    def depth_of(key: object) -> int:  # the graph has no cycles
         if key not in depth:
             depth[key] = 0  # guard; overwritten below
             depth[key] = 1 + max((depth_of(k) for k in below[key]), default=-1)
@@ -162,8 +191,11 @@ def _layout(graph: _Graph) -> tuple[list[tuple[list[tuple[float, float]], bool]]
         node.layer = depth[key]
         node.width = max(len(line) for line in node.lines) * _CHAR + 2 * _PAD
         node.height = len(node.lines) * _LINE + _PAD
+    return depth
 
-    # Long edges become chains through dummy nodes, one per row crossed.
+
+def _chains(graph: _Graph, depth: dict[object, int]) -> list[tuple[list[object], bool]]:
+    """Every edge as a chain of nodes: long edges pass through dummy nodes (added to `graph`), one per row crossed."""
     chains: list[tuple[list[object], bool]] = []
     for upper, lower, arrow in graph.edges:
         chain = [upper]
@@ -172,16 +204,11 @@ def _layout(graph: _Graph) -> tuple[list[tuple[list[tuple[float, float]], bool]]
             graph.nodes[dummy] = _Node([], "dummy", width=2.0, height=_LINE, layer=layer)
             chain.append(dummy)
         chains.append((chain + [lower], arrow))
-    top = max(n.layer for n in graph.nodes.values())
-    rows: list[list[object]] = [[] for _ in range(top + 1)]
-    for key, node in graph.nodes.items():
-        rows[node.layer].append(key)
-    ups: dict[object, list[object]] = {k: [] for k in graph.nodes}
-    downs: dict[object, list[object]] = {k: [] for k in graph.nodes}
-    for chain, _ in chains:
-        for a, b in zip(chain, chain[1:]):
-            downs[a].append(b)
-            ups[b].append(a)
+    return chains
+
+
+def _order_rows(rows: list[list[object]], ups: dict[object, list[object]], downs: dict[object, list[object]]) -> None:
+    """Order each row by its neighbours' mean position (barycentre sweeps), in place, to reduce crossings."""
 
     def reorder(row: list[object], neighbours: dict[object, list[object]], position: dict[object, float]) -> list[object]:
         def centre(key: object) -> float:
@@ -189,6 +216,7 @@ def _layout(graph: _Graph) -> tuple[list[tuple[list[tuple[float, float]], bool]]
             return sum(near) / len(near) if near else position.get(key, 0.0)
         return sorted(row, key=centre)
 
+    top = len(rows) - 1
     for _ in range(3):  # alternate sweeps: upwards from the outputs, then downwards from the leaves
         position = {k: float(i) for row in rows for i, k in enumerate(row)}
         for layer in range(1, top + 1):
@@ -198,7 +226,11 @@ def _layout(graph: _Graph) -> tuple[list[tuple[list[tuple[float, float]], bool]]
             rows[layer] = reorder(rows[layer], ups, position)
             position.update({k: float(i) for i, k in enumerate(rows[layer])})
 
-    # x: start from rows packed and centred, then pull each node towards its neighbours' mean without overlaps.
+
+def _place_columns(graph: _Graph, rows: list[list[object]], ups: dict[object, list[object]],
+                   downs: dict[object, list[object]]) -> float:
+    """Each node's x: rows packed and centred, then each node pulled towards its neighbours' mean without
+    overlaps. Returns the drawing's width."""
     widths = [sum(graph.nodes[k].width for k in row) + _COL_GAP * (len(row) - 1) for row in rows]
     for layer, row in enumerate(rows):
         x = (max(widths) - widths[layer]) / 2
@@ -218,6 +250,7 @@ def _layout(graph: _Graph) -> tuple[list[tuple[list[tuple[float, float]], bool]]
         for n, p in zip(nodes, placed):
             n.x = p + shift
 
+    top = len(rows) - 1
     for _ in range(4):
         for layer in range(1, top + 1):
             pull(rows[layer], downs)
@@ -226,21 +259,19 @@ def _layout(graph: _Graph) -> tuple[list[tuple[list[tuple[float, float]], bool]]
     left = min(n.x - n.width / 2 for n in graph.nodes.values())
     for n in graph.nodes.values():
         n.x += _PAD - left
-    width = max(n.x + n.width / 2 for n in graph.nodes.values()) + _PAD
+    return max(n.x + n.width / 2 for n in graph.nodes.values()) + _PAD
+
+
+def _place_rows(graph: _Graph, rows: list[list[object]]) -> float:
+    """Each node's y, the top row holding the leaves, each box centred in its row; the drawing's height."""
     y: float = _PAD
-    for layer in range(top, -1, -1):  # the top row holds the leaves
+    for layer in range(len(rows) - 1, -1, -1):
         row = rows[layer]
         height = max(graph.nodes[k].height for k in row)
         for key in row:
             graph.nodes[key].y = y + (height - graph.nodes[key].height) / 2
         y += height + _ROW_GAP
-    polylines = []
-    for chain, arrow in chains:
-        points = [(graph.nodes[chain[0]].x, graph.nodes[chain[0]].y + graph.nodes[chain[0]].height)]
-        points += [(graph.nodes[k].x, graph.nodes[k].y + graph.nodes[k].height / 2) for k in chain[1:-1]]
-        points.append((graph.nodes[chain[-1]].x, graph.nodes[chain[-1]].y))
-        polylines.append((points, arrow))
-    return polylines, width, y - _ROW_GAP + _PAD
+    return y - _ROW_GAP + _PAD
 
 
 class SimpleGraphDrawing:

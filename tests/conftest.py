@@ -16,6 +16,73 @@ from labkit.runner import NotebookRunner
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
+# The fast tier (`./course test --fast`: neither slow nor integration) starts no process but graphviz's renderer.
+FAST_TIER_MAY_START = {"dot"}
+
+
+@pytest.fixture(autouse=True)
+def _the_fast_tier_starts_no_process(request, monkeypatch):
+    """Fail a test of the fast tier that starts a kernel, a Python process or nbgrader: it belongs in `integration`."""
+    if request.node.get_closest_marker("slow") or request.node.get_closest_marker("integration"):
+        return
+    popen_init, fork = subprocess.Popen.__init__, os.fork
+
+    def refuse(what: str) -> None:
+        # pytest.fail raises a BaseException: no `except Exception` in the code under test swallows it
+        pytest.fail(f"{request.node.nodeid} starts {what}: mark it @pytest.mark.integration (or slow)", pytrace=False)
+
+    def checked_popen(self, args, *rest, **kwargs):
+        argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+        program = os.path.basename(os.fsdecode(argv[0]).split()[0]) if argv else ""
+        if program not in FAST_TIER_MAY_START:
+            refuse(f"a process ({program})")
+        popen_init(self, args, *rest, **kwargs)
+
+    def checked_fork():
+        refuse("a process (os.fork)")
+        return fork()
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", checked_popen)
+    monkeypatch.setattr(os, "fork", checked_fork)
+
+
+
+# `./course test` runs the suite on every core (pytest-xdist, `--dist loadfile`): the tests of one file run in one
+# worker, so a module's costly fixtures (a graded class, a JupyterLab server, a fork server) are built once, and
+# the files that share conftest.executed's one run of every solution notebook form one group (the scheduler
+# below). Groups go out longest first, so that no long one starts last; the order follows a measured run.
+SHARED_GROUP = {"test_notebooks_execute.py": "solutions", "test_notebook_rules.py": "solutions",
+                "test_browser.py": "solutions"}
+LONGEST_FIRST = ["solutions", "test_grading.py", "test_colab_like.py", "test_class.py", "test_sandbox.py",
+                 "test_helpers_distributed.py", "test_overrides.py", "test_slurm.py", "test_shards.py", "test_report.py",
+                 "test_gradescope.py", "test_gpu_check.py", "test_feedback_browser.py", "test_collection.py"]
+
+
+def _group(nodeid: str) -> str:
+    file = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    return SHARED_GROUP.get(file, file)
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        group = _group(item.nodeid)
+        return LONGEST_FIRST.index(group) if group in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: within a group, and among the short ones, the collection's order
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` whose files in SHARED_GROUP go to one worker together (xdist's own `loadgroup` reads
+    groups from test ids it can no longer change under pytest 9)."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    return FileGroups(config, log)
 
 
 def autograde(submissions, out, *extra, check=True):

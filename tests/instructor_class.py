@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
+from factories import own_cell
 
 from grader.author.mutants import blank_submission, load_mutants, mutant_submission, reference_submission
 from grader.author.selftest import put
@@ -156,7 +157,7 @@ def build_class(root: Path) -> Mix:
     setup.source += "\n# my note"
     hand_in("tampered_1080", tampered, dict(FULL))
     sleepy = reference_submission(A)
-    sleepy.cells.insert(len(sleepy.cells), nbformat.v4.new_code_cell("import time\ntime.sleep(120)"))
+    sleepy.cells.insert(len(sleepy.cells), own_cell("import time\ntime.sleep(120)"))
     hand_in("sleepy_1081", sleepy, dict(FULL))
     for name, category in STATUS_CASES.items():
         if name in mix.scores:

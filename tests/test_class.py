@@ -16,6 +16,7 @@ import shutil
 import nbformat
 import pytest
 from conftest import REPO, autograde, read_rows, shown_lines
+from factories import markdown, own_cell
 
 from grader.author.check import secret_lines
 from grader.author.mutants import load_mutants, mutant_submission, reference_submission
@@ -53,7 +54,7 @@ def with_answer(cell: str, source: str, base=None) -> nbformat.NotebookNode:
 def with_cell(source: str, after: str = "setup", base=None, cell_type: str = "code") -> nbformat.NotebookNode:
     """`base` (default: the reference) with a cell of the student's own inserted after cell `after`."""
     nb = base or reference_submission(A)
-    new = nbformat.v4.new_code_cell(source) if cell_type == "code" else nbformat.v4.new_markdown_cell(source)
+    new = own_cell(source) if cell_type == "code" else markdown(source)
     nb.cells.insert(_index(nb, after) + 1, new)
     return nb
 
@@ -350,7 +351,7 @@ def honest_class(tmp_path_factory):
     # A wrong first try kept in a cell above the final answer, and a renamed copy below it.
     draft = reference_submission(A)
     final = draft.cells[_index(draft, "mse_grad_answer")].source
-    draft.cells.insert(_index(draft, "mse_grad_answer"), nbformat.v4.new_code_cell(
+    draft.cells.insert(_index(draft, "mse_grad_answer"), own_cell(
         "def mse_grad(w, X, y):\n    return X.T @ (X @ w - y)  # draft: factor 2 and 1/n missing"))
     put(cls, "drafts-beside-the-answer", A, with_cell(final.replace("def mse_grad", "def mse_grad_v1"),
                                                       after="mse_grad_answer", base=draft))

@@ -13,11 +13,13 @@ from grader.author.release import generate
 from grader.course import assignment_named, assignments
 
 
+@pytest.mark.integration  # the CLI, and nbgrader generates every notebook
 def test_grader_check_passes():
     run = subprocess.run([PYTHON, "-m", "grader", "check"], cwd=REPO, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
 
 
+@pytest.mark.integration  # nbgrader generates a notebook twice
 def test_release_is_deterministic(tmp_path):
     one = assignment_named("01_gradient_descent")
     first = generate(tmp_path / "a", [one]) / "release" / one.name / one.notebook

@@ -25,6 +25,7 @@ FILES = {"notebooks", "helpers", "labkit", "course", "requirements.txt", "enviro
          "README.md", ".gitignore"}
 
 
+@pytest.mark.integration  # bash checks the script
 def test_the_course_script_of_the_edition_has_no_instructor_command():
     script = edition.course_script()
     for gone in ("grader", "pytest", "ruff", "mypy", "chromium", "kernelspec", "demo)", "test)", "# >>> instructor"):

@@ -1,9 +1,9 @@
 """A feedback page built from a hostile hand-in is inert in a real browser: no script runs, nothing is fetched."""
 
 
-import nbformat
 import pytest
 from conftest import CHROMIUM, artifacts, autograde, require_chromium
+from factories import markdown, own_cell
 
 from grader.author.mutants import reference_submission
 from grader.author.selftest import put
@@ -35,8 +35,8 @@ def test_a_hostile_feedback_page_runs_no_script_and_fetches_nothing(tmp_path):
     a = assignment_named(ONE)
     nb = reference_submission(a)
     first_answer = next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == "mse_grad_answer")
-    nb.cells.insert(first_answer, nbformat.v4.new_markdown_cell(HOSTILE_MARKDOWN))
-    nb.cells.insert(first_answer, nbformat.v4.new_code_cell(HOSTILE_CODE))
+    nb.cells.insert(first_answer, markdown(HOSTILE_MARKDOWN))
+    nb.cells.insert(first_answer, own_cell(HOSTILE_CODE))
     nb.cells[first_answer + 2].source += "\n# </pre><script>document.title = 'pwned'</script>"
     put(tmp_path / "class", "mallory", a, nb)
     autograde(tmp_path / "class", tmp_path / "out", "--timeout", "20")

@@ -13,18 +13,17 @@ import sys
 import nbformat
 import pytest
 from conftest import PYTHON, REPO
+from factories import notebook, read_only
 
 sys.path.insert(0, str(REPO / "scripts"))
 import gpu_check
 
 
 def _notebook(tmp_path, *texts: str):
-    nb = nbformat.v4.new_notebook()
-    for i, text in enumerate(texts):
-        cell = nbformat.v4.new_code_cell("pass")
-        cell.metadata["nbgrader"] = {"grade_id": f"c{i}"}
+    """An executed notebook whose cells printed `texts`, one each."""
+    nb = notebook(*(read_only(f"c{i}", "pass") for i in range(len(texts))))
+    for cell, text in zip(nb.cells, texts):
         cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=text)]
-        nb.cells.append(cell)
     path = tmp_path / "nb.ipynb"
     nbformat.write(nb, path)
     return path

@@ -1,4 +1,4 @@
-"""The grader's core on small in-memory notebooks (cell factories): fast, no kernel.
+"""The grader's core on small in-memory notebooks (tests/factories.py): fast, no kernel.
 
 Rebuilding a submission from the release, splitting a hidden block into what a student's kernel runs and
 what only the reference runs, decoding what a kernel sends back, judging it against the reference, and
@@ -11,13 +11,13 @@ import json
 import os
 import subprocess
 import sys
+from queue import Empty
 
-import nbformat
 import pytest
 import torch
 from conftest import REPO
+from factories import markdown, own_cell, plain_values, released
 from hypothesis import given
-from hypothesis import strategies as st
 
 from grader.judge.grading import Graded
 from grader.judge.judge import (
@@ -38,44 +38,13 @@ from grader.kernel.harness import Step, StepRun
 from grader.report.feedback import write_feedback
 from grader.results import NoteKind
 
-# --- cell factories ---------------------------------------------------------------------------------------
-
-def answer(grade_id, source="def f(x):\n    raise NotImplementedError()"):
-    return nbformat.v4.new_code_cell(source, metadata={"nbgrader": {
-        "grade": False, "solution": True, "locked": False, "grade_id": grade_id}})
-
-
-def graded_cell(grade_id, source="assert f(1) == 2", points=2):
-    return nbformat.v4.new_code_cell(source, metadata={"nbgrader": {
-        "grade": True, "solution": False, "locked": True, "points": points, "grade_id": grade_id}})
-
-
-def read_only(grade_id, source="import torch", tags=()):
-    return nbformat.v4.new_code_cell(source, metadata={"tags": list(tags), "nbgrader": {
-        "grade": False, "solution": False, "locked": True, "grade_id": grade_id}})
-
-
-def notebook(*cells):
-    nb = nbformat.v4.new_notebook()
-    nb.cells = list(cells)
-    return nb
-
-
-RELEASED = notebook(read_only("setup"), nbformat.v4.new_markdown_cell("# Exercise"), answer("f_answer"), graded_cell("f"))
-
-
-def released():
-    """A fresh copy of the release (cell ids kept, as a student's saved copy keeps them)."""
-    return copy.deepcopy(RELEASED)
-
-
 # --- rebuild ----------------------------------------------------------------------------------------------
 
 def test_rebuild_keeps_answers_and_added_cells_and_restores_the_rest():
     submitted = released()
     submitted.cells[2].source = "def f(x):\n    return 2 * x"
     submitted.cells[3].source = "print('all tests passed')"  # an edited test cell
-    submitted.cells.insert(3, nbformat.v4.new_code_cell("scratch = 1", metadata={"nbgrader": "not a dict"}))
+    submitted.cells.insert(3, own_cell("scratch = 1", nbgrader="not a dict"))
     rebuilt, notes = rebuild(submitted, released())
     assert [c.source for c in rebuilt.cells] == ["import torch", "# Exercise", "def f(x):\n    return 2 * x",
                                                 "scratch = 1", "assert f(1) == 2"]
@@ -120,12 +89,9 @@ def test_the_students_kernel_never_gets_oracle_blocks():
 
 # --- decoding ---------------------------------------------------------------------------------------------
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**30, 10**30), st.floats(allow_nan=False),
-                    st.text(max_size=20))
-values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4), st.tuples(inner, inner)), max_leaves=8)
 
 
-@given(values)
+@given(plain_values)
 def test_plain_values_survive_the_trip(value):
     assert decode_value(json.loads(json.dumps(probe.encode(value)))) == value
 
@@ -232,10 +198,9 @@ def test_a_known_mistake_is_recognised_only_when_every_probe_agrees():
 
 def test_feedback_is_inert_and_shows_only_what_ran_before_the_tests(tmp_path):
     nb = released()
-    nb.cells.insert(1, nbformat.v4.new_markdown_cell("<script>alert(1)</script><img src=x onerror=alert(2)>",
-                                                     metadata={ADDED: True}))
-    nb.cells.insert(2, nbformat.v4.new_code_cell("print('<b>mine</b>')", metadata={ADDED: True}))
-    nb.cells.append(nbformat.v4.new_code_cell("print(_i)", metadata={ADDED: True}))
+    nb.cells.insert(1, markdown("<script>alert(1)</script><img src=x onerror=alert(2)>", **{ADDED: True}))
+    nb.cells.insert(2, own_cell("print('<b>mine</b>')", **{ADDED: True}))
+    nb.cells.append(own_cell("print(_i)", **{ADDED: True}))
     steps = [Step("setup", "import torch", False), Step("cell 3", "print", True), Step("f_answer", "def f", True),
              Step("f", "scenario", False, test="f"), Step("cell 6", "print(_i)", True)]
     runs = [StepRun(), StepRun(outputs=[{"output_type": "stream", "name": "stdout", "text": "<b>mine</b>\n"}]),
@@ -280,6 +245,7 @@ def test_slow_cells_of_the_students_own_cost_only_those_cells(monkeypatch):
     assert kernel.ran[-2:] == ["def f", "scenario"]  # the answer and its test still ran
 
 
+@pytest.mark.integration  # a kernel in a Python subprocess of its own
 def test_a_kernel_that_dies_starting_fails_at_once_and_leaves_nothing_to_hang_on(tmp_path):
     # A kernel killed at start (a memory limit, say) once left its client's sockets open; the garbage
     # collector then blocked forever terminating their zmq context, and the whole batch with it.
@@ -423,3 +389,57 @@ def test_a_scenario_sees_the_names_folder_and_environment_of_its_place(tmp_path,
         assert os.getcwd() == str(tmp_path)
     assert namespace["helper"] == "redefined below" and os.environ["TML_PLACE"] == "changed below"
     assert os.getcwd() == here
+
+
+class StartingClient:
+    """A kernel client whose kernel answers kernel_info late: each reply answers the request before the last."""
+
+    def __init__(self, idle_lost_for=()):
+        self.sent, self.replies, self.iopub = [], [], []
+        self.idle_lost_for = set(idle_lost_for)  # requests whose idle went out before iopub was subscribed
+
+    def kernel_info(self):
+        self.sent.append(f"request-{len(self.sent)}")
+        if len(self.sent) >= 2:  # the kernel listens from the second request on and answers the first
+            answered = self.sent[len(self.sent) - 2]
+            self.replies.append({"msg_type": "kernel_info_reply", "parent_header": {"msg_id": answered}})
+            if answered not in self.idle_lost_for:
+                self.iopub.append({"msg_type": "status", "parent_header": {"msg_id": answered},
+                                   "content": {"execution_state": "idle"}})
+        return self.sent[-1]
+
+    def get_shell_msg(self, timeout=None):
+        if not self.replies:
+            raise Empty
+        return self.replies.pop(0)
+
+    def get_iopub_msg(self, timeout=None):
+        if not self.iopub:
+            raise Empty
+        return self.iopub.pop(0)
+
+
+def _starting_kernel(client, alive=True):
+    from grader.kernel.harness import Kernel
+
+    kernel = Kernel.__new__(Kernel)  # no manager, no process: only the readiness handshake
+    kernel.client = client
+    kernel.alive = lambda: alive
+    return kernel
+
+
+def test_a_kernel_is_ready_when_a_reply_and_its_own_idle_arrived_even_if_it_answers_an_older_request():
+    client = StartingClient()
+    _starting_kernel(client)._wait_until_ready(timeout=30)
+    assert client.sent == ["request-0", "request-1"]  # the reply to request-0 came after request-1 was sent
+
+
+def test_a_reply_whose_idle_iopub_missed_is_asked_again():
+    client = StartingClient(idle_lost_for={"request-0"})
+    _starting_kernel(client)._wait_until_ready(timeout=30)
+    assert len(client.sent) == 3
+
+
+def test_a_kernel_that_never_answers_is_dead_or_late():
+    with pytest.raises(RuntimeError, match="Kernel died before replying to kernel_info"):
+        _starting_kernel(StartingClient(idle_lost_for={f"request-{i}" for i in range(9)}), alive=False)._wait_until_ready(30)

@@ -193,6 +193,7 @@ def unused_uid() -> int:
     return uid
 
 
+@pytest.mark.integration  # forks a child that becomes the student
 def test_the_student_kernel_launcher_drops_to_the_user_before_anything_runs(tmp_path):
     import tempfile
 

@@ -12,7 +12,7 @@ from conftest import PYTHON, autograde, read_rows, shown_lines
 
 from grader.author.check import secret_lines
 from grader.author.cribs import crib_problems
-from grader.author.mutants import load_mutants, reference_answers, reference_submission
+from grader.author.mutants import load_mutants, load_variants, reference_answers, reference_submission
 from grader.author.selftest import mismatches, write_selftest_class
 from grader.course import assignment_named, assignments
 from grader.judge.grading import plain_kernel_factory, reference_records
@@ -54,9 +54,11 @@ def test_feedback_shows_no_hidden_test(selftest):
     pages = list((graded / "feedback").rglob("*.html"))
     assert pages, "no feedback was written"
     for assignment in assignments():
-        # Hidden-test lines that no answer (reference or mutant) also contains: an answer cell is shown on purpose.
+        # Hidden-test lines that no answer (reference, mutant or variant, with its scratch cell) also contains:
+        # the student's own cells are shown on purpose.
         answers = {line.strip() for source in [*reference_answers(assignment).values(),
-                                               *(m.source for m in load_mutants(assignment))]
+                                               *(m.source for m in load_mutants(assignment)),
+                                               *(v.source + "\n" + v.scratch for v in load_variants(assignment))]
                    for line in source.splitlines()}
         hidden = secret_lines(nbformat.read(assignment.source, as_version=4), solutions=False) - answers
         for page in (graded / "feedback").glob(f"*/{assignment.name}/*.html"):

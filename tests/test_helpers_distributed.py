@@ -353,6 +353,7 @@ def test_init_rank_sets_the_device_before_joining_nccl(monkeypatch):
 
 # --- scripts: fallbacks of the rank server ------------------------------------------------------------------------
 
+@pytest.mark.integration  # forks a child
 def test_fork_refusal_asks_a_forked_child(monkeypatch):
     import torch
 

@@ -3,19 +3,13 @@
 import sys
 
 import nbformat
-from nbformat.v4 import new_code_cell, new_notebook
+import pytest
+from factories import graded_cell, notebook, own_cell, read_only
 
 from labkit import validate
 
 
-def grade_cell(source, grade_id, tags=()):
-    cell = new_code_cell(source)
-    cell.metadata["nbgrader"] = {"grade": True, "grade_id": grade_id, "locked": True, "points": 1,
-                                 "schema_version": 3, "solution": False, "task": False}
-    cell.metadata["tags"] = list(tags)
-    return cell
-
-
+@pytest.mark.integration  # starts a kernel
 def test_validate_notebook_runs_tests_and_skips_demo_and_claim_cells(tmp_path, monkeypatch):
     # a `python3` kernelspec that names another program (a hub's, a user's): the check must not start it
     decoy = tmp_path / "jupyter" / "kernels" / "python3"
@@ -23,18 +17,17 @@ def test_validate_notebook_runs_tests_and_skips_demo_and_claim_cells(tmp_path, m
     (decoy / "kernel.json").write_text('{"argv": ["/bin/false", "{connection_file}"], "display_name": "decoy", '
                                        '"language": "python"}')
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
-    demo, claim = new_code_cell("raise RuntimeError('a demo')"), new_code_cell("passes = False")
-    for cell, tag in ((demo, "demo"), (claim, "claim")):  # read-only cells, as the course's demos and claims are
-        cell.metadata.update(tags=[tag], nbgrader={"grade": False, "solution": False, "locked": True, "grade_id": tag})
-    nb = new_notebook(cells=[
-        new_code_cell("passes = True"), demo, claim,
-        grade_cell("assert passes", "good"),
-        grade_cell("raise NotImplementedError()", "blank"),
-        grade_cell("assert 1 == 2, 'off by one'", "wrong"),
-        grade_cell("from helpers.checks import earlier_exercise\n"
-                   "with earlier_exercise(1, 'mse_grad'):\n    raise NotImplementedError()", "waiting"),
-        grade_cell("import sys\nassert sys.executable == " + repr(sys.executable), "same_python"),
-    ])
+    nb = notebook(
+        own_cell("passes = True"),
+        read_only("demo", "raise RuntimeError('a demo')", tags=("demo",)),  # read-only, as the course's demos are
+        read_only("claim", "passes = False", tags=("claim",)),
+        graded_cell("good", "assert passes", points=1),
+        graded_cell("blank", "raise NotImplementedError()", points=1),
+        graded_cell("wrong", "assert 1 == 2, 'off by one'", points=1),
+        graded_cell("waiting", "from helpers.checks import earlier_exercise\n"
+                    "with earlier_exercise(1, 'mse_grad'):\n    raise NotImplementedError()", points=1),
+        graded_cell("same_python", "import sys\nassert sys.executable == " + repr(sys.executable), points=1),
+    )
     path = tmp_path / "nb.ipynb"
     nbformat.write(nb, path)
     results = validate.validate_notebook(path)

@@ -166,6 +166,7 @@ def test_a_worksheet_is_for_one_assignment_and_a_different_maximum_is_reported(g
         export(graded, read_roster(sheet, "moodle"), tmp_path / "out.csv", ["02_autograd_graph"])
 
 
+@pytest.mark.integration  # the CLI
 def test_the_export_command_exits_2_on_a_bad_roster_and_lists_the_unmatched(graded, tmp_path):
     bad = write(tmp_path / "bad.csv", [["First Name", "Last Name", "SID", "Email"], ["A", "B", "1", "a@x"]])
     run = subprocess.run([PYTHON, "-m", "grader", "export", "--format", "canvas", "--roster", str(bad), str(graded),

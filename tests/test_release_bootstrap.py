@@ -141,6 +141,7 @@ def test_the_grader_treats_the_set_up_cell_as_a_locked_cell_of_the_release():
     assert steps == []  # grading skips the set-up cell (labkit.cells.BOOTSTRAP)
 
 
+@pytest.mark.integration  # fresh interpreters
 def test_set_up_cell_does_nothing_where_the_course_is_installed_within_half_a_second():
     """The benchmark: in this environment (helpers installed, torch 2.13) the cell only says so, ≤ 0.5 s.
 
@@ -169,6 +170,7 @@ def _bare_python(tmp_path: Path, torch_version: str | None) -> str:
     return str(venv / "bin" / "python")
 
 
+@pytest.mark.integration  # a venv and a fresh interpreter
 @pytest.mark.parametrize("version", ["2.3.1", f"{SETTINGS.torch_minimum[0]}.{SETTINGS.torch_minimum[1] - 1}.0+cu121"])
 def test_set_up_cell_names_the_supported_range_on_an_old_torch(tmp_path, version):
     python = _bare_python(tmp_path, version)
@@ -180,11 +182,13 @@ def test_set_up_cell_names_the_supported_range_on_an_old_torch(tmp_path, version
     assert "pip could not install" not in run.stderr  # it stopped before trying to install anything
 
 
+@pytest.mark.integration  # a venv and a fresh interpreter
 def test_set_up_cell_on_a_kernel_without_torch(tmp_path):
     run = _run_cell(_bare_python(tmp_path, None), bootstrap.bootstrap_source(), env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path)
     assert run.returncode != 0 and "This kernel has no torch" in run.stderr and SETTINGS.torch_range in run.stderr
 
 
+@pytest.mark.integration  # a venv and a fresh interpreter
 def test_set_up_cell_says_when_the_install_fails(tmp_path):
     """A supported torch, no course, and no way to install it: the cell stops with pip's words, not later."""
     python = _bare_python(tmp_path, "2.13.0")
@@ -193,6 +197,7 @@ def test_set_up_cell_says_when_the_install_fails(tmp_path):
     assert run.returncode != 0 and "pip could not install the course from /nonexistent" in run.stderr
 
 
+@pytest.mark.integration  # a venv and a fresh interpreter
 def test_set_up_cell_changes_no_package_the_kernel_has(tmp_path):
     """A kernel with numpy 1.0 and a course that needs numpy>=1.24: pip may not upgrade numpy, so the cell stops
     with pip's reason instead (the real install, changing nothing, runs in tests/test_colab_like.py)."""
@@ -264,6 +269,7 @@ def test_the_pins_satisfy_the_declared_dependencies():
     assert Requirement(torch_range).specifier.contains(pins["torch"])
 
 
+@pytest.mark.integration  # pip builds the wheel
 def test_the_package_ships_helpers(tmp_path):
     """The wheel the set-up cell installs holds `helpers`, and its metadata declares torch only as an extra."""
     source = tmp_path / "src"

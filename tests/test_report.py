@@ -79,6 +79,7 @@ def test_zero_after_a_non_blank_hand_in_is_flagged_and_a_blank_one_is_not():
         ("tried", "zero points after a non-blank hand-in")]
 
 
+@pytest.mark.integration  # the CLI, Python start included
 def test_a_report_for_a_hundred_hand_ins_takes_under_five_seconds(tmp_path):
     """The whole command, Python start and imports included, on a class of 100 (issue 15's benchmark: ≤ 5 s)."""
     names = [m.name for m in MUTANTS]

@@ -57,6 +57,7 @@ print(json.dumps([before, queued, memwatch.socket_bytes()]))
 """
 
 
+@pytest.mark.integration  # a Python process that holds the sockets
 def test_socket_buffers_are_read_from_sock_diag():
     """The netlink query PID 1 makes in a sandbox, here in a network namespace of its own (no other sockets)."""
     done = subprocess.run([sys.executable, "-c", SOCKETS_IN_A_NEW_NETWORK_NAMESPACE], capture_output=True, text=True,

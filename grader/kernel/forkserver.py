@@ -51,7 +51,10 @@ from labkit.forking import fork_child
 # Imported before forking: together they are most of a notebook kernel's start-up time.
 PRELOAD = ("numpy", "torch", "torch.nn", "torch.nn.functional", "matplotlib.pyplot", "ipywidgets",
            "ipykernel.kernelapp", "ipykernel.ipkernel", "ipykernel.debugger", "IPython.core.debugger", "sqlite3",
-           "tornado.queues", "faulthandler", "helpers", "labkit")
+           "tornado.queues", "faulthandler", "helpers", "labkit",
+           # what IPKernelApp.initialize imports on top of the above
+           "IPython.core.completerlib", "IPython.core.oinspect", "IPython.extensions.storemagic",
+           "IPython.utils.wildcard", "tornado.platform.asyncio")
 
 
 def preload() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ MAX_PAYLOAD_CHARS = 16 * 2**20  # per step, what scenarios send back
 MAX_MESSAGE_BYTES = 16 * 2**20  # one message larger than this drops the connection (zmq MAXMSGSIZE)
 RECEIVE_QUEUE = 32  # messages zmq holds unread per socket (RCVHWM); a publisher drops the rest
 INTERRUPT_GRACE_S = 10.0
+READY_PROBE_S = 0.2  # how long iopub may lag behind the shell reply to a kernel_info request while starting
 MAX_RESTARTS = 3
 
 
@@ -94,15 +96,64 @@ class Kernel:
             _bound_sockets(self.client.context)  # before any socket of the client exists
             # Only what grading reads: no stdin or heartbeat socket that a kernel could fill unread.
             self.client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
-            self.client.wait_for_ready(timeout=startup_timeout)
+            self._wait_until_ready(startup_timeout)
         except BaseException:
             # A kernel that died starting (e.g. at a memory limit) must not leave open sockets behind: the garbage
             # collector would later block forever terminating their context.
             self.stop()
             raise
 
+    def _wait_until_ready(self, timeout: float) -> None:
+        """kernel_info until the kernel answers on shell and iopub carries that request's idle status.
+
+        jupyter_client's wait_for_ready does this too, then waits READY_PROBE_S more for iopub to fall silent: a
+        fifth of a second per kernel, of every hand-in. Grading needs no silence (run() keeps only messages of its
+        own request). A reply may answer an earlier request, sent before the kernel listened: the idle looked
+        for is that of the request the reply answers, not of the latest one sent.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            self.client.kernel_info()
+            try:
+                reply = self.client.get_shell_msg(timeout=1)
+            except Empty:
+                reply = None
+            if reply is not None and reply.get("msg_type") == "kernel_info_reply" and \
+                    self._idle_follows(reply.get("parent_header", {}).get("msg_id")):
+                return
+            if not self.alive():
+                raise RuntimeError("Kernel died before replying to kernel_info")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Kernel didn't respond in {timeout:.0f} seconds")
+
+    def _idle_follows(self, msg_id: str | None) -> bool:
+        """Whether iopub brings the idle status of request `msg_id` within READY_PROBE_S (it proves the
+        subscription is live: a publisher drops what no subscriber hears yet)."""
+        until = time.monotonic() + READY_PROBE_S
+        while (left := until - time.monotonic()) > 0:
+            try:
+                msg = self.client.get_iopub_msg(timeout=left)
+            except Empty:
+                return False
+            if (msg.get("msg_type") == "status" and msg.get("parent_header", {}).get("msg_id") == msg_id
+                    and msg.get("content", {}).get("execution_state") == "idle"):
+                return True
+        return False
+
     def alive(self) -> bool:
         return bool(self.manager.is_alive())
+
+    def _kill(self) -> None:
+        """Kill the kernel's process and reap it at once (jupyter_client looks for its end every 0.1 s), then let
+        jupyter_client finish: its own kill (the process group too) and clean-up."""
+        process = getattr(self.manager.provisioner, "process", None)  # jupyter_client's LocalProvisioner: a Popen
+        if process is not None and process.poll() is None:
+            process.kill()
+            try:
+                process.wait(5)
+            except subprocess.TimeoutExpired:  # stuck in the operating system: jupyter_client waits on
+                pass
+        self.manager.shutdown_kernel(now=True)
 
     def stop(self) -> None:
         try:
@@ -110,7 +161,7 @@ class Kernel:
             self.client.context.destroy(linger=0)
         finally:
             if self.manager.has_kernel:
-                self.manager.shutdown_kernel(now=True)
+                self._kill()
             self.manager.cleanup_resources()
             if self.scratch:
                 shutil.rmtree(self.scratch, ignore_errors=True)
@@ -130,7 +181,7 @@ class Kernel:
                 interrupted = now
             elif interrupted is not None and now > interrupted + INTERRUPT_GRACE_S:
                 result.failure = KILLED
-                self.manager.shutdown_kernel(now=True)  # "now": kill, no polite request
+                self._kill()
                 break
             try:
                 msg = self.client.get_iopub_msg(timeout=0.25)

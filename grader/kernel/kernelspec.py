@@ -1,10 +1,10 @@
 """How a grading kernel reaches the sandbox: the `course-sandbox` kernelspec, its launcher, and the worker's factory.
 
-jupyter_client starts a kernel by running its kernelspec's argv, here `python -m grader.kernel.kernelspec
-{connection_file}`. That launcher runs outside the sandbox, as the grader. While `python -m grader autograde`
-runs, `kernel_factory` has told it (FORKSERVER_ENV, REQUEST_ENV) where the worker's fork server listens, and
-it asks that server for a kernel; anywhere else it builds the same sandbox for one kernel without the warm
-process.
+jupyter_client starts a kernel by running its kernelspec's argv, here grader/kernel/launcher.py in an interpreter
+without site-packages. While `python -m grader autograde` runs, `kernel_factory` has told it (FORKSERVER_ENV,
+REQUEST_ENV) where the worker's fork server listens, and it asks that server for a kernel; anywhere else it
+hands over to this module (`python -m grader.kernel.kernelspec {connection_file}`), which builds the same
+sandbox for one kernel without the warm process.
 
     python -m grader.kernel.kernelspec install     # write the kernelspec into this environment (./course setup does it)
 """
@@ -13,20 +13,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import socket
 import sys
 from pathlib import Path
 
+from grader.kernel import launcher
+from grader.kernel.launcher import FORKSERVER_ENV, REQUEST_ENV
 from grader.kernel.limits import Limits
 from grader.kernel.protocol import Request
-from grader.kernel.sandbox import FORKSERVER, NOBODY, ForkServer, sandbox_request
+from grader.kernel.sandbox import FORKSERVER, ForkServer, sandbox_request
 
 KERNEL_NAME = "course-sandbox"
-# Set by kernel_factory for the launcher: the fork server's control socket, and the request for this
-# submission (written by ForkServer.next_runtime).
-FORKSERVER_ENV = "COURSE_FORKSERVER"
-REQUEST_ENV = "COURSE_SANDBOX_REQUEST"
 
 
 def kernelspec_dir(prefix: str = sys.prefix) -> Path:
@@ -35,7 +31,8 @@ def kernelspec_dir(prefix: str = sys.prefix) -> Path:
 
 def _kernel_json() -> str:
     spec = {
-        "argv": [sys.executable, "-m", "grader.kernel.kernelspec", "{connection_file}"],
+        # -I -S: no site-packages, no .pth files, no environment variables of Python's: the launcher needs none
+        "argv": [sys.executable, "-I", "-S", str(Path(launcher.__file__).resolve()), "{connection_file}"],
         "display_name": "Python 3 (grading sandbox)",
         "language": "python",
         # Signals cannot cross into the sandbox's process namespace; interrupts go as messages.
@@ -72,44 +69,9 @@ def kernel_factory(server: ForkServer):
     return start
 
 
-def _connection_inside(connection_file: str) -> tuple[str, str]:
-    """The socket folder of an ipc connection, and the connection file copied into it."""
-    info = json.loads(Path(connection_file).read_text())
-    if info.get("transport") != "ipc":
-        raise SystemExit("the grading sandbox needs KernelManager.transport = 'ipc' (TCP cannot cross its network namespace)")
-    folder = Path(info["ip"]).resolve().parent
-    inside = folder / "connection.json"
-    shutil.copy(connection_file, inside)
-    if os.geteuid() == 0:  # the kernel, nobody on the host, writes its sockets there
-        os.chown(inside, NOBODY, NOBODY)
-        if folder.stat().st_uid != NOBODY:
-            os.chown(folder, NOBODY, NOBODY)
-    return str(folder), str(inside)
-
-
-def _run_in_forkserver(control: str, request_file: str, connection_file: str) -> int:
-    """Ask the fork server for a kernel and stay alive as long as it runs: jupyter_client watches this process."""
-    _, inside = _connection_inside(connection_file)
-    request = {**json.loads(Path(request_file).read_text()), "connection_file": inside}
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.connect(control)
-        conn.sendall((json.dumps(request) + "\n").encode())
-        answer = conn.makefile().readline()
-    try:
-        report = json.loads(answer)
-    except ValueError:
-        return 1
-    # beside the socket folder, not in it: the kernel never sees this file
-    Path(request_file.removesuffix(".request.json") + ".exit.json").write_text(json.dumps(report))
-    return int(report.get("exit", 1))
-
-
 def launch(connection_file: str) -> None:
-    """Start the kernel in the worker's fork server if there is one; else build the sandbox for this one kernel."""
-    control, request_file = os.environ.get(FORKSERVER_ENV), os.environ.get(REQUEST_ENV)
-    if control and request_file:
-        sys.exit(_run_in_forkserver(control, request_file, connection_file))
-    folder, inside = _connection_inside(connection_file)
+    """Build the sandbox for this one kernel, without a fork server (the launcher hands over to this)."""
+    folder, inside = launcher.connection_inside(connection_file)
     request: Request = {**sandbox_request(Path(folder), [], Limits.from_env()), "connection_file": inside}
     os.execv(sys.executable, [sys.executable, *FORKSERVER, "--single", json.dumps(request)])
 

@@ -67,6 +67,7 @@ def test_the_edition_never_empties_the_instructor_repository_or_a_folder_that_is
     assert (tmp_path / "other" / "solutions").is_dir() and (REPO / "solutions").is_dir()
 
 
+@pytest.mark.integration  # runs git
 def test_the_edition_ships_only_what_git_tracks(tmp_path, monkeypatch):
     repo = tmp_path / "instructor"
     (repo / "helpers").mkdir(parents=True)

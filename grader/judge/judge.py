@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from grader.judge import outflow
+from grader.judge.outflow import Opaque
 from helpers.checks import CheckFailure, check_scalar, check_tensor
 
 MAX_NAME_CHARS = 500
@@ -29,13 +30,6 @@ DTYPES = {name: getattr(torch, name) for name in (
 
 class BadPayload(ValueError):
     """The kernel sent something that is not a well-formed scenario result."""
-
-
-@dataclass(frozen=True)
-class Opaque:
-    """A value the kernel could describe only by the name of its type."""
-
-    type_name: str
 
 
 @dataclass(frozen=True)

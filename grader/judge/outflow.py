@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 
@@ -89,10 +90,15 @@ def strings(value: object) -> set[str]:
     return set()
 
 
+@dataclass(frozen=True)
+class Opaque:
+    """A value the kernel could describe only by the name of its type."""
+
+    type_name: str
+
+
 def shown(value: object, vocabulary: frozenset[str] = frozenset()) -> str:
     """What a message may say about a value the student's kernel sent."""
-    from grader.judge.judge import Opaque
-
     if isinstance(value, Opaque):
         return value.type_name
     if isinstance(value, torch.Tensor):

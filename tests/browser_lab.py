@@ -164,9 +164,10 @@ QUOTED_NIE = re.compile(r"^(?:\[[^\]]*\]:?\s*)*NotImplementedError(?::.*)?\s*$",
 
 
 def is_not_implemented(ename: str, evalue: str | None) -> bool:
-    """The blank answer's error: NotImplementedError itself, or an error that reports a worker process's
-    traceback ending in NotImplementedError (e.g. helpers.distributed's LaunchError)."""
-    if ename == "NotImplementedError":
+    """The blank answer's error: NotImplementedError itself or its subclass naming the earlier exercise a test waits
+    for (helpers.checks.earlier_exercise), or an error that reports a worker process's traceback ending in
+    NotImplementedError (e.g. labkit.launch's LaunchError)."""
+    if ename in ("NotImplementedError", "ExerciseNotImplementedError"):
         return True
     return bool(evalue) and "Traceback (most recent call last)" in evalue and bool(QUOTED_NIE.search(evalue))
 

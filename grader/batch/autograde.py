@@ -236,7 +236,7 @@ def autograde(
             run.env = _worker_env(jobs)
             graded = sorted({s.assignment for s in subs if s.assignment in run.known})
             # (no template when nothing is graded: release.generate would read an empty list as "every assignment")
-            template = _template([run.known[a] for a in graded]) if graded else Path()
+            template = grading_template([run.known[a] for a in graded]) if graded else Path()
             _prepare(run, graded)
             results, pending = _plan(run, subs, template, force)
             results += _grade(run, pending, progress)
@@ -415,7 +415,7 @@ def _warm_up(workers: list[WorkerProcess], pending: list[tuple[Spec, float]]) ->
 
     def check(worker: WorkerProcess) -> str:
         for first, wall in firsts.values():
-            probe = dataclasses.replace(first, student="", canary_only=True,
+            probe = dataclasses.replace(first, student="", canary_only=True, notes=[],
                                         result=str(Path(first.result).parent.parent / f".canary-{id(worker)}.json"))
             result = worker.grade(probe, wall)
             # the worker died or ran out of time (an assignment without tests, like 00, also has no max_scores)
@@ -428,7 +428,7 @@ def _warm_up(workers: list[WorkerProcess], pending: list[tuple[Spec, float]]) ->
     return next((p for p in _parallel(check, workers, len(workers)) if p), "")
 
 
-def _template(chosen: list[Assignment]) -> Path:
+def grading_template(chosen: list[Assignment]) -> Path:
     """nbgrader's release and gradebook for `chosen`, generated once per version of their sources.
 
     Kept under build/grading-templates/<hash>, shared by every grading run (workers only read it).

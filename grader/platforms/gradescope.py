@@ -111,14 +111,14 @@ def _settings() -> dict:
 def prepare() -> None:
     """What every submission would otherwise redo: the kernelspec, the grading templates, the reference records and
     the known mistakes of the zip's assignments; then hide the grader's files from the user who runs student code."""
-    from grader.batch.autograde import _template
+    from grader.batch.autograde import grading_template
     from grader.judge.grading import known_mistakes, plain_kernel_factory, reference_records
     from grader.kernel import kernelspec
 
     settings = _settings()
     chosen = [assignment_named(n) for n in settings["assignments"]]
     kernelspec.install_kernelspec()
-    _template(chosen)
+    grading_template(chosen)
     for assignment in chosen:
         reference_records(assignment, plain_kernel_factory(), settings["timeout"])
         known_mistakes(assignment, plain_kernel_factory(), settings["timeout"], os.cpu_count() or 1)

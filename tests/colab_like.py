@@ -1,17 +1,22 @@
-"""A Colab-like Python kernel for tests/test_colab_like.py: Colab's Python and packages, nothing of the course.
+"""Colab- and Kaggle-like Python kernels (tests/test_colab_like.py, tests/test_kaggle_like.py): a runtime's Python and
+packages, nothing of the course.
 
 Nothing here is a test.
 
-- `python()`: an interpreter of Colab's Python minor version (3.13, from Colab's os-info.txt; see
-  tests/colab_runtime.txt), or None when this machine has none (pyenv's, or python3.13 on PATH).
-- `base_venv()`: a virtual environment of that Python with tests/colab_runtime.txt installed — torch 2.11.0 (the
-  registry's CUDA build; on a machine without a GPU `torch.cuda.is_available()` is False) and Colab's kernel
-  packages at Colab's versions: ipykernel 6.17.1, IPython 7.34, jupyter_client 7.4.9, ipywidgets 7.7.1,
-  matplotlib 3.10.0, numpy 2.1.3 … — and nothing of the course: no helpers, nbgrader or torchviz. Built once under
-  build/colab-like/, in a folder named by a hash of what it holds, and reused; a half-built one (no stamp) is
+- `COLAB`, `KAGGLE`: the runtimes modelled. Colab's current one (Python 3.13; tests/colab_runtime.txt: torch
+  2.11.0, numpy 2.1.3, ipywidgets 7.7.1 …) and Kaggle's (Python 3.12; tests/kaggle_runtime.txt: the Colab image of
+  May 2026 that Kaggle's is built on — torch 2.10.0, numpy 2.0.2 — with Kaggle's own pins on top, ipywidgets
+  8.1.5 …). Each file names its sources.
+- `Runtime.python()`: an interpreter of the runtime's Python minor version, or None when this machine has none
+  (pyenv's, or pythonX.Y on PATH).
+- `Runtime.base_venv()`: a virtual environment of that Python with the runtime's file installed — the registry's
+  torch at the runtime's version (a CUDA build; on a machine without a GPU `torch.cuda.is_available()` is False)
+  and the kernel packages at the runtime's versions: ipykernel 6.17.1, IPython 7.34, jupyter_client 7.4.9,
+  matplotlib 3.10.0 … — and nothing of the course: no helpers, nbgrader or torchviz. Built once under
+  build/<name>-like/, in a folder named by a hash of what it holds, and reused; a half-built one (no stamp) is
   removed and built again.
-- `kernel_venv(base, folder)`: a throw-away environment for one test session that sees the base's packages
-  (a `.pth` line) and installs into its own site-packages, so the notebooks' set-up cell really installs
+- `Runtime.kernel_venv(base, folder)`: a throw-away environment for one test session that sees the base's
+  packages (a `.pth` line) and installs into its own site-packages, so the notebooks' set-up cell really installs
   the course into a kernel that lacks it, and the cached base stays untouched.
 - `kernelspec(venv, folder)`: a Jupyter kernelspec for that environment's Python.
 - `distributions(venv)`: every distribution that environment's Python sees, with its version and folder.
@@ -29,25 +34,12 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-CACHE = REPO / "build" / "colab-like"
-RUNTIME = Path(__file__).resolve().parent / "colab_runtime.txt"
-COLAB_PYTHON = "3.13"  # Colab's os-info.txt: Python 3.13.15 (tests/colab_runtime.txt names the source)
+TESTS = Path(__file__).resolve().parent
 STAMP = ".complete"
-
-
-def python() -> str | None:
-    """An interpreter of Colab's Python minor version on this machine, or None."""
-    found = sorted(glob.glob(f"/root/.pyenv/versions/{COLAB_PYTHON}.*/bin/python{COLAB_PYTHON}"))
-    return found[-1] if found else shutil.which(f"python{COLAB_PYTHON}")
-
-
-def torch_version() -> str:
-    """Colab's torch, as tests/colab_runtime.txt pins it."""
-    line = next(line for line in RUNTIME.read_text().splitlines() if line.startswith("torch=="))
-    return line.split("==", 1)[1]
 
 
 @contextmanager
@@ -79,42 +71,64 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def site_packages(venv: Path) -> Path:
-    return venv / "lib" / f"python{COLAB_PYTHON}" / "site-packages"
+@dataclass(frozen=True)
+class Runtime:
+    """A hosted notebook runtime as the course meets it: a Python minor version and a file of exact pins."""
+
+    name: str  # "colab": its base environment lives in build/colab-like/
+    python_version: str  # "3.13"
+    packages: Path  # pip requirements, torch first, each line at the runtime's version; the header names the source
+
+    def python(self) -> str | None:
+        """An interpreter of this runtime's Python minor version on this machine, or None."""
+        found = sorted(glob.glob(f"/root/.pyenv/versions/{self.python_version}.*/bin/python{self.python_version}"))
+        return found[-1] if found else shutil.which(f"python{self.python_version}")
+
+    def pinned(self, name: str) -> str:
+        """The version the packages file pins distribution `name` at."""
+        return next(line.split("==", 1)[1] for line in self.packages.read_text().splitlines()
+                    if line.split("==", 1)[0].lower() == name.lower())
+
+    def site_packages(self, venv: Path) -> Path:
+        return venv / "lib" / f"python{self.python_version}" / "site-packages"
+
+    def base_venv(self) -> tuple[Path, float]:
+        """The cached base environment, built when missing: (its folder, seconds spent building)."""
+        interpreter = self.python()
+        if interpreter is None:
+            raise FileNotFoundError(f"no Python {self.python_version} here (pyenv or python{self.python_version} on PATH)")
+        version = subprocess.run([interpreter, "-c", "import sys; print(sys.version)"], capture_output=True, text=True,
+                                 check=True).stdout
+        key = hashlib.sha256((version + self.packages.read_text()).encode()).hexdigest()[:12]
+        cache = REPO / "build" / f"{self.name}-like"
+        folder = cache / f"{self.name}-{self.python_version}-{key}"
+        with _locked(cache / f".{folder.name}.lock"):
+            if (folder / STAMP).exists():
+                return folder, 0.0
+            shutil.rmtree(folder, ignore_errors=True)
+            began = time.perf_counter()
+            log = cache / f"{folder.name}.log"
+            log.unlink(missing_ok=True)
+            _run([interpreter, "-m", "venv", str(folder)], log)
+            pip = [str(folder / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+            # torch alone first (with its CUDA libraries), as `./course setup` does, then the runtime's packages
+            _run(pip + [f"torch=={self.pinned('torch')}", "--constraint", str(self.packages)], log)
+            _run(pip + ["--requirement", str(self.packages)], log)
+            (folder / STAMP).write_text(json.dumps({"python": version, "runtime": self.packages.read_text()}))
+            return folder, time.perf_counter() - began
+
+    def kernel_venv(self, base: Path, folder: Path) -> Path:
+        """A fresh environment in `folder` layered on `base`: imports see both, pip installs into `folder` only."""
+        subprocess.run([str(self.python()), "-m", "venv", "--without-pip", str(folder)], check=True, env=clean_env())
+        # An `import site` line runs at start-up: the base's own .pth files are processed as well.
+        (self.site_packages(folder) / "colab_like_base.pth").write_text(
+            f"import site; site.addsitedir({str(self.site_packages(base))!r})\n")
+        return folder
 
 
-def base_venv() -> tuple[Path, float]:
-    """The cached Colab-like base environment, built when missing: (its folder, seconds spent building)."""
-    interpreter = python()
-    if interpreter is None:
-        raise FileNotFoundError(f"no Python {COLAB_PYTHON} here (pyenv or python{COLAB_PYTHON} on PATH)")
-    version = subprocess.run([interpreter, "-c", "import sys; print(sys.version)"], capture_output=True, text=True,
-                             check=True).stdout
-    key = hashlib.sha256((version + RUNTIME.read_text()).encode()).hexdigest()[:12]
-    folder = CACHE / f"colab-{COLAB_PYTHON}-{key}"
-    with _locked(CACHE / f".{folder.name}.lock"):
-        if (folder / STAMP).exists():
-            return folder, 0.0
-        shutil.rmtree(folder, ignore_errors=True)
-        began = time.perf_counter()
-        log = CACHE / f"{folder.name}.log"
-        log.unlink(missing_ok=True)
-        _run([interpreter, "-m", "venv", str(folder)], log)
-        pip = [str(folder / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-        # torch alone first (with its CUDA libraries), as `./course setup` does, then Colab's packages
-        _run(pip + [f"torch=={torch_version()}", "--constraint", str(RUNTIME)], log)
-        _run(pip + ["--requirement", str(RUNTIME)], log)
-        (folder / STAMP).write_text(json.dumps({"python": version, "runtime": RUNTIME.read_text()}))
-        return folder, time.perf_counter() - began
-
-
-def kernel_venv(base: Path, folder: Path) -> Path:
-    """A fresh environment in `folder` layered on `base`: imports see both, pip installs into `folder` only."""
-    subprocess.run([str(python()), "-m", "venv", "--without-pip", str(folder)], check=True, env=clean_env())
-    # An `import site` line runs at start-up: the base's own .pth files are processed as well.
-    (site_packages(folder) / "colab_like_base.pth").write_text(
-        f"import site; site.addsitedir({str(site_packages(base))!r})\n")
-    return folder
+COLAB = Runtime("colab", "3.13", TESTS / "colab_runtime.txt")  # Colab's os-info.txt: Python 3.13.15
+KAGGLE = Runtime("kaggle", "3.12", TESTS / "kaggle_runtime.txt")  # the May-2026 Colab image's: Python 3.12.13
+RUNTIMES = (COLAB, KAGGLE)
 
 
 def kernelspec(venv: Path, folder: Path, name: str = "colab-like") -> Path:
@@ -139,6 +153,10 @@ def distributions(venv: Path) -> dict[str, tuple[str, str]]:
     return {name: (version, where) for name, (version, where) in json.loads(out).items()}
 
 
-if __name__ == "__main__":  # build (or find) the base environment: python tests/colab_like.py
-    path, seconds = base_venv()
-    print(f"{path} ({f'built in {seconds:.0f} s' if seconds else 'cached'})")
+if __name__ == "__main__":  # build (or find) base environments, in order: python tests/colab_like.py [colab] [kaggle]
+    for runtime in RUNTIMES:
+        if runtime.python() is None:
+            print(f"{runtime.name}: no Python {runtime.python_version} here")
+        elif not sys.argv[1:] or runtime.name in sys.argv[1:]:
+            path, seconds = runtime.base_venv()
+            print(f"{path} ({f'built in {seconds:.0f} s' if seconds else 'cached'})")

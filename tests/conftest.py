@@ -4,6 +4,7 @@ import csv
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -53,14 +54,18 @@ def _the_fast_tier_starts_no_process(request, monkeypatch):
 # below). Groups go out longest first, so that no long one starts last; the order follows a measured run.
 SHARED_GROUP = {"test_notebooks_execute.py": "solutions", "test_notebook_rules.py": "solutions",
                 "test_browser.py": "solutions"}
-LONGEST_FIRST = ["solutions", "test_grading.py", "test_colab_like.py", "test_class.py", "test_sandbox.py",
+LONGEST_FIRST = ["solutions", "test_grading.py", "test_colab_like.py", "test_class.py", "test_kaggle_like.py",
+                 "test_sandbox.py",
                  "test_helpers_distributed.py", "test_overrides.py", "test_slurm.py", "test_shards.py", "test_report.py",
                  "test_gradescope.py", "test_gpu_check.py", "test_feedback_browser.py", "test_collection.py"]
 
 
+def _file(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+
+
 def _group(nodeid: str) -> str:
-    file = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
-    return SHARED_GROUP.get(file, file)
+    return SHARED_GROUP.get(_file(nodeid), _file(nodeid))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -84,6 +89,46 @@ def pytest_xdist_make_scheduler(config, log):
 
     return FileGroups(config, log)
 
+
+
+# The runtime tests' base environments (tests/colab_like.py: a CUDA build of torch each, about 5 and 7 GB) take a
+# minute or two each to build on a fresh machine, nearly all of it downloading from the registry. A run that will
+# use them starts building them in one background process as soon as its tests are collected, so that the download
+# overlaps the other tests instead of adding to the run; the runtime test then finds its environment built, or
+# waits on the build's lock. Built ones are reused (a no-op here); the build is stopped when the run ends.
+RUNTIME_TESTS = {"test_colab_like.py": "colab", "test_kaggle_like.py": "kaggle"}  # in the order they are needed
+_building: list[subprocess.Popen] = []
+
+
+def _build_runtimes_for(nodeids) -> None:
+    wanted = {RUNTIME_TESTS[_file(n)] for n in nodeids if _file(n) in RUNTIME_TESTS}
+    if not wanted or _building:
+        return
+    log = REPO / "build" / "runtime-environments.log"
+    log.parent.mkdir(exist_ok=True)
+    with open(log, "a") as out:
+        _building.append(subprocess.Popen(
+            [sys.executable, str(REPO / "tests" / "colab_like.py"), *(n for n in RUNTIME_TESTS.values() if n in wanted)],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
+
+
+def pytest_collection_finish(session):
+    # without xdist; under xdist its controller does it (below)
+    if not hasattr(session.config, "workerinput") and not session.config.option.collectonly:
+        _build_runtimes_for(item.nodeid for item in session.items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    if not node.config.option.collectonly:
+        _build_runtimes_for(ids)
+
+
+def pytest_sessionfinish(session):
+    for process in _building:
+        if process.poll() is None:  # its pip too: the build runs in a process group of its own
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait()
 
 def autograde(submissions, out, *extra, check=True):
     """Run `python -m grader autograde` as an instructor would; unless `check` is False it must exit 0."""

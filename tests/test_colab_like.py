@@ -1,22 +1,25 @@
 """The student edition in a Colab-like kernel: Colab's Python and packages, and the course installed from the edition.
 
-The kernel (tests/colab_like.py) is Python 3.13 with Colab's own versions of torch (2.11.0, the registry's build),
-ipykernel, IPython, jupyter_client, ipywidgets (7.7.1), matplotlib, numpy … (tests/colab_runtime.txt names the
-source) plus a fresh, empty layer that pip installs into. The course comes from the student edition, never this
+The kernel (tests/colab_like.py, COLAB) is Python 3.13 with Colab's own versions of torch (2.11.0, the registry's
+build), ipykernel, IPython, jupyter_client, ipywidgets (7.7.1), matplotlib, numpy … (tests/colab_runtime.txt names
+the source) plus a fresh, empty layer that pip installs into. The course comes from the student edition, never this
 checkout: `grader edition` builds it as a git repository with its release tag, and the set-up cell installs
 `git+file://EDITION@TAG` (TML_INSTALL_SPEC) — the install the badge's archive gives, only the host differs.
+tests/test_kaggle_like.py runs these same tests on Kaggle's runtime (its module overrides the `runtime` fixture).
 
 - the set-up cell alone installs the edition (its one line says so), changes no package the kernel had (every
   distribution of the base keeps its version; the layer adds only new ones), and run again does nothing within
   0.5 s; what it installed is the edition's `helpers` and `labkit` (with the blank notebooks), not `grader`;
-- every released notebook with the reference answers runs top to bottom, alone in an empty folder as on Colab,
-  without an error; its last cell checks it and finds it ready to hand in; 00 prints no ✗;
-- notebook 01 checks itself through Colab's front end: a stand-in for `google.colab._message` answers
-  `get_ipynb` as Colab does (cells without ids, sources as lists of lines), and the notebook is not on disk;
-  notebook 02, not on disk either, as on Kaggle, through the answers its kernel ran.
+- every released notebook with the reference answers runs top to bottom, alone in an empty folder, without an
+  error; 00 prints no ✗;
+- the check-and-hand-in footer finds the notebook the way the platform offers it and finds it ready to hand in —
+  on Colab's runtime through Colab's front end (01: a stand-in for `google.colab._message` answers `get_ipynb` as
+  Colab does, cells without ids, sources as lists of lines; the notebook is not on disk) and from a renamed file
+  (06, saved as "Copy of …"); the other notebooks run without their footer (FOOTERS says why).
 
-The base environment (about 5 GB, a CUDA build of torch) is built once under build/colab-like/ and reused.
-Timings go to test-artifacts/colab-like/timings.json.
+The base environment (about 5 GB, a CUDA build of torch) is built once under build/colab-like/ and reused; a full
+run starts building it in the background as soon as the tests are collected (tests/conftest.py).
+Timings go to test-artifacts/<runtime>-like/timings.json.
 """
 
 from __future__ import annotations
@@ -42,12 +45,15 @@ from grader.author.mutants import reference_submission
 from grader.course import assignments
 from labkit.runner import NotebookRunner
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(colab_like.python() is None and os.environ.get("CI") != "true",
-                                 reason=f"no Python {colab_like.COLAB_PYTHON} here (Colab's version)")]
-
-ARTIFACTS = REPO / "test-artifacts" / "colab-like"
 ASSIGNMENTS = assignments()
+
+
+def needs_python(runtime: colab_like.Runtime) -> pytest.MarkDecorator:
+    return pytest.mark.skipif(runtime.python() is None and os.environ.get("CI") != "true",
+                              reason=f"no Python {runtime.python_version} here ({runtime.name}'s version)")
+
+
+pytestmark = [pytest.mark.slow, needs_python(colab_like.COLAB)]
 FAKE_COLAB = '''\
 """A stand-in for Colab's front-end channel: get_ipynb answers with the notebook as Colab sends it."""
 import json, os
@@ -65,10 +71,45 @@ def blocking_request(request_type, request="", timeout_sec=5, parent=None):
 '''
 
 
+
+@dataclass(frozen=True)
+class Footer:
+    """A way the check-and-hand-in footer finds the open notebook on a platform, and what it then says."""
+
+    file_name: str  # the notebook's file in the kernel's working folder ("" for none); {notebook}: the release's
+    env: dict[str, str]
+    source: str  # where the footer says it read the notebook
+    download: str  # how it says to download it for hand-in
+
+
+ON_KAGGLE = {"KAGGLE_KERNEL_RUN_TYPE": "Interactive"}
+FRONT_END = Footer("", {"COLAB_RELEASE_TAG": "colab-like"}, "the notebook as Colab's editor holds it now",
+                   "File → Download → Download .ipynb")
+RENAMED = Footer("Copy of {notebook}", {}, "Copy of {notebook}, as last saved", "hand in the file")
+# Kaggle's kernel works in /kaggle/working, where it keeps the notebook's copy (labkit/validate.py KAGGLE_COPIES)
+KAGGLE_COPY = Footer("__notebook_source__.ipynb", ON_KAGGLE, "__notebook_source__.ipynb, as last saved",
+                     "File → Download notebook")
+LIVE = Footer("", ON_KAGGLE, "the answers this kernel ran last", "File → Download notebook")
+# The footer re-runs the notebook's visible tests in a fresh kernel started from the notebook's kernel: per notebook
+# it costs about as much as the notebook again (40 % of these tests' time), and what it runs there, this runtime has
+# just run in the notebook itself (the test cells; that they pass without the demo and claim cells the footer
+# skips, grading shows for every notebook: tests/test_grading.py). What a runtime can break is the footer's own
+# machinery, the same for every notebook: finding the notebook where the platform keeps it, a kernel started from a
+# kernel with the runtime's jupyter_client and ipykernel, the verdict. So each way of finding the notebook runs once
+# per runtime, on a short notebook, and the other notebooks run without their footer.
+FOOTERS = {
+    "colab": {"01_gradient_descent": FRONT_END, "06_mixed_precision": RENAMED},
+    # Not on disk (the answers the kernel ran), and Kaggle's copy beside the kernel: which one a student meets
+    # depends on Kaggle's editor (labkit/validate.py), so both
+    "kaggle": {"01_gradient_descent": LIVE, "07_distributed": KAGGLE_COPY},
+}
+WITHOUT_FOOTER = {"colab": Footer("Copy of {notebook}", {}, "", ""), "kaggle": Footer("", ON_KAGGLE, "", "")}
+
 @dataclass
 class ColabLike:
-    """The Colab-like kernel environment: its Python, its kernelspec, the edition and what was measured."""
+    """A Colab- or Kaggle-like kernel environment: its runtime, Python, kernelspec, the edition and what was measured."""
 
+    runtime: colab_like.Runtime
     venv: Path
     specs: Path
     work: Path
@@ -121,15 +162,24 @@ def _cell_seconds(cell) -> float:
 
 
 @pytest.fixture(scope="module")
-def colab(tmp_path_factory):
-    """The Colab-like kernel with the student edition installed by the set-up cell (what it did is recorded)."""
-    base, base_seconds = colab_like.base_venv()
-    work = tmp_path_factory.mktemp("colab-like")
+def runtime() -> colab_like.Runtime:
+    """The runtime this module's tests run on (tests/test_kaggle_like.py overrides it)."""
+    return colab_like.COLAB
+
+
+@pytest.fixture(scope="module")
+def colab(runtime, tmp_path_factory):
+    """The runtime's kernel with the student edition installed by the set-up cell (what it did is recorded)."""
+    began = time.perf_counter()
+    base, base_seconds = runtime.base_venv()  # built here, or by the background build (tests/conftest.py)
+    waited = time.perf_counter() - began
+    work = tmp_path_factory.mktemp(f"{runtime.name}-like")
     edition = work / "edition"
     write_edition(edition)
     tag = commit_and_tag(edition)
-    venv = colab_like.kernel_venv(base, work / "kernel-env")
-    env = ColabLike(venv, colab_like.kernelspec(venv, work / "kernels"), work, f"git+file://{edition}@{tag}", base_seconds)
+    venv = runtime.kernel_venv(base, work / "kernel-env")
+    env = ColabLike(runtime, venv, colab_like.kernelspec(venv, work / "kernels"), work, f"git+file://{edition}@{tag}",
+                    base_seconds)
     before = colab_like.distributions(venv)
     for name in ("helpers", "training-mechanics-lab", "torchviz", "nbgrader"):
         assert name not in before, f"the Colab-like kernel already has {name}"
@@ -143,16 +193,18 @@ def colab(tmp_path_factory):
         "install_seconds": _cell_seconds(first.cells[0]), "again_seconds": _cell_seconds(again.cells[0]),
         "changed": {n: (v, after[n][0]) for n, (v, _) in before.items() if after.get(n, (None,))[0] != v},
         "new": {n: after[n] for n in after.keys() - before.keys()},
-        "layer": str(colab_like.site_packages(venv)),
+        "layer": str(runtime.site_packages(venv)),
         "packages": sorted(p.name for p in shipped[0].iterdir()) if shipped else [],
         "blank_01": bool(shipped) and (shipped[0] / "labkit/notebooks/01_gradient_descent/01_gradient_descent.ipynb").is_file(),
         "tag": tag, "size": sum(p.stat().st_size for p in edition.rglob("*") if p.is_file() and ".git" not in p.parts),
     }
     yield env
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    (ARTIFACTS / "timings.json").write_text(json.dumps({
-        "python": colab_like.COLAB_PYTHON, "torch": colab_like.torch_version(),
-        "base environment built in s": round(base_seconds, 1), "edition bytes": env.install["size"],
+    artifacts = REPO / "test-artifacts" / f"{runtime.name}-like"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    (artifacts / "timings.json").write_text(json.dumps({
+        "python": runtime.python_version, "torch": runtime.pinned("torch"),
+        "base environment built in s": round(base_seconds, 1), "waited for it s": round(waited, 1),
+        "edition bytes": env.install["size"],
         "set-up cell install s": round(env.install["install_seconds"], 1),
         "set-up cell again s": round(env.install["again_seconds"], 3), "notebooks s": env.timings}, indent=1))
 
@@ -161,8 +213,8 @@ def test_the_set_up_cell_installs_the_edition_and_changes_no_package_the_kernel_
     info = colab.install
     assert info["errors"] == []
     assert info["first"].count("\n") == 1 and f"installed the course from {colab.spec} with pip" in info["first"], info["first"]
-    assert "changed none of the kernel's" in info["first"] and f"torch {colab_like.torch_version()}" in info["first"]
-    assert "ipywidgets 7.7.1" in info["first"] and "numpy 2.1.3" in info["first"], info["first"]
+    kept = [f"{name} {colab.runtime.pinned(name)}" for name in ("torch", "numpy", "matplotlib", "ipywidgets")]
+    assert "changed none of the kernel's" in info["first"] and all(k in info["first"] for k in kept), info["first"]
     assert info["changed"] == {}, f"the set-up cell changed packages the kernel had: {info['changed']}"
     assert all(where.startswith(info["layer"]) for _, where in info["new"].values()), info["new"]
     assert {"training-mechanics-lab", "torchviz"} <= info["new"].keys() and "torch" not in info["new"]
@@ -176,36 +228,36 @@ def test_the_set_up_cell_installs_the_edition_and_changes_no_package_the_kernel_
 
 @pytest.mark.parametrize("assignment", ASSIGNMENTS, ids=[a.name for a in ASSIGNMENTS])
 def test_every_notebook_alone_with_reference_answers(colab, assignment):
-    """Alone in a folder, under the name a download gives it. Two are not on disk at all: 01 checks itself through
-    Colab's front end, 02 (as on Kaggle with no copy found) through the answers its kernel ran."""
+    """Alone in an empty folder, with the footer where FOOTERS names a way for this runtime to find the notebook."""
     nb = reference_submission(assignment)
-    env: dict[str, str] = {}
-    if assignment.name == "01_gradient_descent":
+    footer = FOOTERS[colab.runtime.name].get(assignment.name)
+    if footer is None:
+        nb.cells = [c for c in nb.cells if c.get("id") != bootstrap.CHECK_ID]
+        footer = WITHOUT_FOOTER[colab.runtime.name]
+    env = dict(footer.env)
+    if footer is FRONT_END:
         fake = colab.work / "fake-colab"
         (fake / "google" / "colab").mkdir(parents=True, exist_ok=True)
         (fake / "google" / "colab" / "__init__.py").write_text("")
         (fake / "google" / "colab" / "_message.py").write_text(FAKE_COLAB)
         (fake / "front-end.ipynb").write_text(nbformat.writes(nb))
-        env = {"PYTHONPATH": str(fake), "COLAB_RELEASE_TAG": "colab-like", "FAKE_COLAB_NOTEBOOK": str(fake / "front-end.ipynb")}
-        source, download = "the notebook as Colab's editor holds it now", "File → Download → Download .ipynb"
-    elif assignment.name == "02_autograd_graph":
-        env = {"KAGGLE_KERNEL_RUN_TYPE": "Interactive"}
-        source, download = "the answers this kernel ran last", "File → Download notebook"
-    else:  # the check must not need the release's file name
-        source, download = f"Copy of {assignment.notebook}, as last saved", "hand in the file"
-    nb = colab.run(nb, f"released-{assignment.name}", "" if env else f"Copy of {assignment.notebook}", **env)
+        env |= {"PYTHONPATH": str(fake), "FAKE_COLAB_NOTEBOOK": str(fake / "front-end.ipynb")}
+    file_name = footer.file_name.format(notebook=assignment.notebook)
+    nb = colab.run(nb, f"released-{assignment.name}", file_name, **env)
     assert _errors(nb) == []
     assert "nothing to do" in _text(_cell(nb, bootstrap.CELL_ID))
     outputs = "".join(_text(c) for c in nb.cells if c.cell_type == "code")
-    if assignment.grade_cells():
+    if assignment.grade_cells() and footer.source:
         check = _text(_cell(nb, bootstrap.CHECK_ID))
         colab.timings[f"check-{assignment.name}"] = round(_cell_seconds(_cell(nb, bootstrap.CHECK_ID)), 1)
+        source = footer.source.format(notebook=assignment.notebook)
         assert source in check and "all visible tests pass" in check and "✓ ready to hand in" in check, check
         assert not [o for o in _cell(nb, bootstrap.CHECK_ID).outputs if o.output_type == "execute_result"], \
             "the check cell shows its verdict only (no bare True/False under it)"
-        assert download in check, check
-    else:  # 00: alone, it checks the course's blank copy of 01 and ends without ✗ (01's test that waits for
-        # exercise 1 is "–" too), and its no-GPU line says how to get a GPU on Colab rather than to reinstall torch
+        assert footer.download in check, check
+    elif not assignment.grade_cells():  # 00: alone, it checks the course's blank copy of 01 and ends without ✗ (01's
+        # test that waits for exercise 1 is "–" too), and its no-GPU line says how to get a GPU rather than to
+        # reinstall torch
         assert "✗" not in outputs and "01_gradient_descent.ipynb: 0 of " in outputs, outputs
         assert "switch to a GPU runtime" in outputs or "✓ CUDA" in outputs, outputs
         assert "checking the course's blank copy of 01" in outputs and "the check ran" in outputs, outputs

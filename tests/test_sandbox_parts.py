@@ -118,3 +118,19 @@ def test_a_delegated_cgroup_v2_subtree_is_found(tmp_path, monkeypatch):
     monkeypatch.delenv(limits.SCOPE_ENV)
     monkeypatch.setattr(limits.shutil, "which", lambda name: None)
     assert limits.systemd_scope(["grade"]) is None  # no systemd-run: the watchdog
+
+
+def test_a_course_or_class_inside_a_bound_system_folder_is_refused_before_any_kernel(tmp_path, monkeypatch):
+    from grader.batch import autograde
+    from grader.kernel import sandbox
+
+    system = tmp_path / "usr"
+    monkeypatch.setattr(sandbox, "ro_binds", lambda: [str(system), str(tmp_path / "etc")])
+    inside, outside = system / "src" / "app" / "submissions", tmp_path / "home" / "submissions"
+    assert sandbox.exposed([inside, outside]) == [inside]
+    with pytest.raises(autograde.SandboxUnavailable, match=f"shows {inside} to student code"):
+        autograde._check_sandbox(True, [outside, inside])
+    monkeypatch.setattr(sandbox, "why_unavailable", lambda: "")
+    monkeypatch.setattr(autograde.kernelspec, "install_kernelspec", lambda: None)
+    autograde._check_sandbox(True, [outside])  # the course itself is not under tmp_path/usr
+    autograde._check_sandbox(False, [inside])  # --unsandboxed binds nothing

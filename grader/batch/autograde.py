@@ -32,7 +32,7 @@ from grader.judge.grading import GradingEnvironmentBroken, known_mistakes, plain
 from grader.kernel import kernelspec, limits, sandbox
 from grader.kernel.harness import own_cells_budget
 from grader.kernel.sandbox import remove_tree
-from grader.paths import BUILD, KERNEL_PACKAGES, PYPROJECT, REPO
+from grader.paths import BUILD, KERNEL_PACKAGES, PYPROJECT, REPO, SOLUTIONS
 from grader.report.outputs import write_outputs
 from grader.results import Note, NoteKind, Result, Spec, status_text
 
@@ -227,7 +227,7 @@ def autograde(
     worker, fork server or kernel is left, hand-ins in progress get no row, and what was graded stays cached.
     """
     config = config or Config()
-    _check_sandbox(sandboxed)
+    _check_sandbox(sandboxed, [submissions, out])
     jobs = jobs or os.cpu_count() or 1
     run = _Run(out, {a.name: a for a in assignments()}, config, feedback or config.feedback, timeout, sandboxed, jobs)
     with stopping.sigterm_as_interrupt(), _unpacked(submissions, run, only) as root:
@@ -248,7 +248,12 @@ def autograde(
     return results
 
 
-def _check_sandbox(sandboxed: bool) -> None:
+def _check_sandbox(sandboxed: bool, inputs: list[Path]) -> None:
+    if sandboxed and (seen := sandbox.exposed([SOLUTIONS, BUILD, REPO / "grader", *inputs])):
+        raise SandboxUnavailable(
+            f"the kernel sandbox shows {', '.join(map(str, seen))} to student code: it binds the system's folders "
+            f"read-only ({', '.join(sandbox.ro_binds()[:7])} …) and this is inside one. Keep the course, the "
+            "hand-ins and the output folder elsewhere (e.g. under /srv or your home).")
     if sandboxed and (why := sandbox.why_unavailable()):
         raise SandboxUnavailable(
             f"the kernel sandbox cannot be built here ({why}), so student code would run with your permissions. "

@@ -45,7 +45,7 @@ IDLE_ANSWER = IDLE.decode().strip()
 
 # --- what the sandbox binds ---------------------------------------------------------------------------------
 
-def _ro_binds() -> list[str]:
+def ro_binds() -> list[str]:
     """What the kernel sees, read-only: the system, Python, the site-packages it imports from, helpers/ and
     labkit/ (not the rest of the repository: not solutions/, not grader/)."""
     paths = ["/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/etc", sys.base_prefix, sys.prefix,
@@ -54,6 +54,12 @@ def _ro_binds() -> list[str]:
     paths += [os.path.realpath(p) for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
     paths = [p for p in dict.fromkeys(paths) if os.path.lexists(p)]
     return [p for p in paths if not any(p.startswith(other.rstrip("/") + "/") for other in paths if other != p)]
+
+
+def exposed(paths: list[Path]) -> list[Path]:
+    """Those of `paths` a kernel could read through a read-only bind (a course kept under /usr/src/app, say)."""
+    binds = [Path(b) for b in ro_binds()]
+    return [p for p in paths if any(Path(os.path.realpath(p)).is_relative_to(b) for b in binds)]
 
 
 def _kernel_env() -> dict[str, str]:
@@ -70,7 +76,7 @@ def _kernel_env() -> dict[str, str]:
 def sandbox_request(folder: Path, cgroups: list[str], limits: Limits) -> Request:
     """What the fork server needs to build one submission's sandbox (JSON): its folder, binds, environment, limits."""
     sent = SandboxLimits(**asdict(limits))  # type: ignore[typeddict-item]  # the same fields, checked by a test
-    return {"folder": str(folder), "ro_binds": _ro_binds(), "env": _kernel_env(), "cgroups": cgroups,
+    return {"folder": str(folder), "ro_binds": ro_binds(), "env": _kernel_env(), "cgroups": cgroups,
             "watchdog": not cgroups, "limits": sent}
 
 

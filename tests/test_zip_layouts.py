@@ -4,6 +4,7 @@ is named, and a zip with nothing to grade (unknown layout, empty, cut short) sto
 import io
 import sys
 import zipfile
+from datetime import datetime, timezone
 from types import SimpleNamespace
 
 import nbformat
@@ -11,6 +12,7 @@ import pytest
 from conftest import autograde
 
 from grader.author.mutants import reference_submission
+from grader.collect.deadlines import Config, LatePolicy, lateness
 from grader.collect.submissions import CollectionError, collect, unpack_zip
 from grader.course import assignment_named, assignments
 
@@ -86,6 +88,21 @@ def test_the_run_names_the_members_left_out(tmp_path, capsys):
     with unpacked_for_the_run(archive, run, None) as root:
         assert [p.name for p in root.iterdir() if not p.name.startswith(".")] == ["ann_1"]
     assert capsys.readouterr().err == "1 file(s) in lms.zip not unpacked:\n  readme.txt (fits no known layout)\n"
+
+
+def test_a_moodle_hand_in_gets_no_time_from_the_zip_and_so_no_late_penalty(tmp_path):
+    """Moodle's member times are the download's or its file store's (README): a due date finds the time unknown."""
+    late = (2030, 2, 1, 0, 0, 0)
+    with zipfile.ZipFile(tmp_path / "lms.zip", "w") as zf:
+        for name in (f"Ann Lee_4411_assignsubmission_file_/{A.notebook}", f"ann_12_34_{A.notebook}"):
+            zf.writestr(zipfile.ZipInfo(name, date_time=late), NOTEBOOK)
+    unpacked = unpack_zip(tmp_path / "lms.zip", tmp_path / "unpacked", assignments())
+    found = {s.student: s for s in collect(unpacked.root, assignments())}
+    assert found["ann_12"].submitted_at == "2030-02-01T00:00:00"  # Canvas: the zip's time
+    config = Config(due={ONE: datetime(2030, 1, 15, tzinfo=timezone.utc)}, late=LatePolicy(per_day=10))
+    moodle = lateness(config, "Ann-Lee_4411", ONE, found["Ann-Lee_4411"].submitted_at)
+    assert (moodle.late_by, moodle.fraction) == (None, 0.0) and moodle.note.startswith("hand-in time unknown")
+    assert lateness(config, "ann_12", ONE, found["ann_12"].submitted_at).fraction > 0  # (the control: a time is used)
 
 
 @pytest.mark.parametrize("members, why", [

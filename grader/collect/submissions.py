@@ -11,9 +11,10 @@ re-uploads, Colab (`Copy of …`) and Kaggle (`-` for `_`) are taken off, or els
 release wrote into its metadata (`metadata.tml.assignment`); the status says what it was called.
 
 Hand-in times come only from the collection, never from what a student uploaded: from an LMS zip,
-the time the zip records for the hand-in's files (kept in `COLLECTION_TIMES` beside the unpacked
-folders, where no upload can land); from a folder, nbgrader's `timestamp.txt`, which its exchange
-writes. A `timestamp.txt` inside an LMS upload is the student's own file: ignored, with a status note.
+the time the zip records for the hand-in's files (kept in `COLLECTION_TIMES` beside the unpacked folders,
+where no upload can land; none for a Moodle zip, whose times are not hand-in times); from a folder,
+nbgrader's `timestamp.txt`, which its exchange writes. A `timestamp.txt` inside an LMS upload is the
+student's own file: ignored, with a status note.
 """
 
 from __future__ import annotations
@@ -119,6 +120,7 @@ class _Placed(NamedTuple):
     assignment: str  # '' when neither its name nor its metadata says
     file_name: str
     why: str = ""  # why it was skipped
+    timed: bool = True  # whether the layout's member time is a hand-in time (Moodle's is not)
 
 
 def _skip(why: str) -> _Placed:
@@ -145,7 +147,8 @@ def unpack_zip(archive: Path, into: Path, known: list[Assignment], only: str | N
     names, or else to the only assignment the zip is for, when there is one. Every member left out is named
     in `skipped`; a zip that cannot be read, or holds no hand-in, raises CollectionError. The newest time the
     zip records for a hand-in's files is its hand-in time, written to `COLLECTION_TIMES` in `into` (read by
-    `collect`).
+    `collect`) — except in Moodle's layouts, whose member times are the download's or the file store's, never
+    the hand-in's (README): those hand-ins have no time.
     """
     into.mkdir(parents=True, exist_ok=True)
     try:
@@ -177,7 +180,8 @@ def _extract(zf: zipfile.ZipFile, archive: Path, into: Path, known: list[Assignm
     targets = {p.assignment for _, p in placed if p.assignment}
     single = only or (next(iter(targets)) if len(targets) == 1 else None)
     times: dict[str, str] = {}
-    for member, (student, assignment, file_name, why) in placed:
+    kept = 0
+    for member, (student, assignment, file_name, why, timed) in placed:
         assignment = assignment or single or "unmatched-upload"
         target = into / student / assignment / file_name
         if not student:
@@ -192,9 +196,11 @@ def _extract(zf: zipfile.ZipFile, archive: Path, into: Path, known: list[Assignm
         target.parent.mkdir(parents=True, exist_ok=True)
         with zf.open(member) as src, open(target, "wb") as dst:
             dst.write(src.read(MAX_NOTEBOOK_BYTES + 1))
-        key = f"{student}/{assignment}"
-        times[key] = max(times.get(key, ""), datetime(*member.date_time).isoformat())
-    if not times:
+        kept += 1
+        if timed:
+            key = f"{student}/{assignment}"
+            times[key] = max(times.get(key, ""), datetime(*member.date_time).isoformat())
+    if not kept:
         raise CollectionError(_nothing_found(archive, unpacked.skipped))
     (into / COLLECTION_TIMES).write_text(json.dumps(times, indent=1, sort_keys=True))
     return unpacked
@@ -236,7 +242,7 @@ def _place(part: tuple[str, ...], known: list[Assignment], content: Callable[[],
         if moodle.group("plugin") != "file":
             return _skip(f"Moodle {moodle.group('plugin')} submission, not an uploaded file")
         name = part[-1] if len(part) >= 2 else moodle.group("file")
-        return _Placed(slug(f"{moodle.group('student')}_{moodle.group('user')}"), assignment(name), slug(name))
+        return _Placed(slug(f"{moodle.group('student')}_{moodle.group('user')}"), assignment(name), slug(name), timed=False)
     if len(part) >= 3:  # <student>/<assignment>/<file>
         student, folder = slug(part[0]), slug(part[1])
         return _Placed(student, folder, file_name) if student and folder else _skip("unsafe name")
@@ -290,8 +296,9 @@ def _hand_in(student: str, assignment: Assignment, folder: Path, known: list[Ass
     if times is not None:  # an LMS zip: the time is the zip's; a timestamp.txt came with the student's upload
         sub.submitted_at = times.get(f"{student}/{assignment.name}", "")
         if stamp is not None:
-            sub.notes.append(Note(NoteKind.TIME_IGNORED, f"{TIMESTAMP_FILE} in the upload ignored: the hand-in time "
-                                                         f"is the LMS zip's ({sub.submitted_at or 'unknown'})"))
+            lms_time = f"the LMS zip's ({sub.submitted_at})" if sub.submitted_at else "the LMS's own, unknown here"
+            sub.notes.append(Note(NoteKind.TIME_IGNORED,
+                                  f"{TIMESTAMP_FILE} in the upload ignored: the hand-in time is {lms_time}"))
     elif stamp is not None:
         sub.submitted_at = _read_small(stamp)
     files = [(p, info) for p, info in files if p != stamp]

@@ -32,6 +32,7 @@ def _autograde(args: argparse.Namespace) -> int:
     from grader.batch.autograde import GradingEnvironmentBroken, Interrupted, SandboxUnavailable, autograde
     from grader.batch.shards import ShardError, parse_shard
     from grader.collect.deadlines import ConfigError, load_config
+    from grader.collect.submissions import CollectionError
     from grader.course import assignments
     from grader.results import printable, status_text
 
@@ -48,7 +49,7 @@ def _autograde(args: argparse.Namespace) -> int:
         results = autograde(args.submissions, args.out, jobs=args.jobs, timeout=args.timeout,
                             only=args.assignment, force=args.force, sandboxed=not args.unsandboxed,
                             config=config, feedback=args.feedback, shard=shard)
-    except (ConfigError, ShardError) as err:
+    except (ConfigError, ShardError, CollectionError) as err:
         print(f"nothing graded: {printable(str(err))}", file=sys.stderr)
         return 2
     except SandboxUnavailable as err:

@@ -34,7 +34,7 @@ from grader.kernel.harness import own_cells_budget
 from grader.kernel.sandbox import remove_tree
 from grader.paths import BUILD, KERNEL_PACKAGES, PYPROJECT, REPO, SOLUTIONS
 from grader.report.outputs import write_outputs
-from grader.results import Note, NoteKind, Result, Spec, status_text
+from grader.results import Note, NoteKind, Result, Spec, printable, status_text
 
 TEMPLATES = BUILD / "grading-templates"
 T = TypeVar("T")
@@ -272,7 +272,12 @@ def _unpacked(submissions: Path, run: _Run, only: str | None) -> Iterator[Path]:
     root = run.work / "unpacked"
     remove_tree(root)  # what a run that was killed left
     try:
-        yield unpack_zip(submissions, _mkdir(root), list(run.known.values()), only)
+        unpacked = unpack_zip(submissions, _mkdir(root), list(run.known.values()), only)
+        if unpacked.skipped:  # each one named: it may be a hand-in in a layout collection does not know
+            print(f"{len(unpacked.skipped)} file(s) in {printable(submissions.name)} not unpacked:", file=sys.stderr)
+            for line in unpacked.skipped:
+                print(f"  {printable(line)}", file=sys.stderr)
+        yield unpacked.root
     finally:
         remove_tree(root)
 

@@ -39,7 +39,8 @@ the row's status says `regraded by hand: …`, results.json keeps the autograder
 the feedback page and the class report show them. Lateness is counted after the overrides: `settle` is
 the one place a row's final points are decided, for the worker's feedback page and for grades.csv alike.
 
-The hand-in time is Submission.submitted_at (nbgrader's timestamp.txt, or the LMS zip's member time).
+The hand-in time is Submission.submitted_at (nbgrader's timestamp.txt, or the LMS zip's member time; none
+from a Moodle zip, whose member times are not hand-in times: README).
 grades.csv gets `late_by` (hours after the due date in effect, extension included; 0 when on time;
 empty when there is no due date or the hand-in time is unknown) and `penalty` (points taken); `total`
 is the points after the penalty. A penalty never exceeds the points earned, so a total is never below 0.

@@ -11,9 +11,10 @@ re-uploads, Colab (`Copy of …`) and Kaggle (`-` for `_`) are taken off, or els
 release wrote into its metadata (`metadata.tml.assignment`); the status says what it was called.
 
 Hand-in times come only from the collection, never from what a student uploaded: from an LMS zip,
-the time the zip records for the hand-in's files (kept in `COLLECTION_TIMES` beside the unpacked
-folders, where no upload can land); from a folder, nbgrader's `timestamp.txt`, which its exchange
-writes. A `timestamp.txt` inside an LMS upload is the student's own file: ignored, with a status note.
+the time the zip records for the hand-in's files (kept in `COLLECTION_TIMES` beside the unpacked folders,
+where no upload can land; none for a Moodle zip, whose times are not hand-in times); from a folder,
+nbgrader's `timestamp.txt`, which its exchange writes. A `timestamp.txt` inside an LMS upload is the
+student's own file: ignored, with a status note.
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ import os
 import re
 import stat
 import zipfile
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path, PurePosixPath
+from typing import NamedTuple
 
 from grader.course import Assignment
 from grader.results import Note, NoteKind, printable
@@ -36,8 +39,11 @@ MAX_NOTEBOOK_BYTES = 128 * 2**20  # saved outputs make notebooks big; only the c
 MAX_ENTRIES = 2000  # files looked at per hand-in folder
 # Canvas: <lastfirst>[_LATE]_<user id>_<submission id>_<original file name>
 CANVAS_NAME = re.compile(r"^(?P<student>[^_/]+)(?P<late>_late)?_(?P<user>\d+)_\d+_(?P<file>.+)$", re.I)
-# Moodle: one folder per submission, "<Full Name>_<user id>_assignsubmission_file_/<file>"
-MOODLE_FOLDER = re.compile(r"^(?P<student>.+?)_(?P<user>\d+)_assignsubmission_file_?$")
+# Moodle: one folder per participant and plugin, "<Full Name>_<participant>_assignsubmission_file_/<file>" (newer
+# versions leave out the last "_"), or without "download as folders" flat "…_assignsubmission_file_<file>".
+# Moodle writes a "_" in a name as " ", so the name holds none.
+MOODLE_FOLDER = re.compile(r"^(?P<student>[^_/]+)_(?P<user>\d+)_assignsubmission_(?P<plugin>[a-z]+)_?$")
+MOODLE_FLAT = re.compile(r"^(?P<student>[^_/]+)_(?P<user>\d+)_assignsubmission_(?P<plugin>[a-z]+)_(?P<file>.+)$")
 # What people add to a file name when they upload it again: " (1)", "-2", "_final", "_v3", " copy".
 RENAMED = re.compile(r"(?:\s*\(\d+\)|-\d+|_final|_v\d+|[ _-]copy)+$", re.I)
 COPY_OF = re.compile(r"^copy[ _-]of[ _-]", re.I)  # Colab's "Save a copy in Drive"
@@ -97,52 +103,115 @@ def _read_bounded(path: Path) -> bytes:
 
 # --- LMS zips ---------------------------------------------------------------------------------------------
 
-def _safe_member(name: str) -> bool:
+class CollectionError(ValueError):
+    """The submissions cannot be collected at all (an unreadable zip, or one holding no hand-in): nothing is graded."""
+
+
+@dataclass
+class Unpacked:
+    """Where unpack_zip put the hand-ins, and every zip member it left out, as `name (why)`."""
+
+    root: Path
+    skipped: list[str] = field(default_factory=list)
+
+
+class _Placed(NamedTuple):
+    student: str  # '' when the member is skipped
+    assignment: str  # '' when neither its name nor its metadata says
+    file_name: str
+    why: str = ""  # why it was skipped
+    timed: bool = True  # whether the layout's member time is a hand-in time (Moodle's is not)
+
+
+def _skip(why: str) -> _Placed:
+    return _Placed("", "", "", why)
+
+
+def _unsafe_member(name: str) -> str:
+    """Why a member's path is not unpacked, or ''."""
     path = PurePosixPath(name)
-    return not path.is_absolute() and ".." not in path.parts and not name.startswith("__MACOSX")
+    if name.startswith("__MACOSX"):
+        return "macOS metadata"
+    return "unsafe path" if path.is_absolute() or ".." in path.parts else ""
 
 
-def unpack_zip(archive: Path, into: Path, known: list[Assignment], only: str | None = None) -> Path:
-    """Extract an LMS zip into `<student>/<assignment>/` folders under `into`; returns that root.
+def unpack_zip(archive: Path, into: Path, known: list[Assignment], only: str | None = None) -> Unpacked:
+    """Extract an LMS zip into `<student>/<assignment>/` folders under `into`.
 
     Understands a zip that already has the folder layout (optionally inside one top folder), Canvas's
     flat `<name>[_LATE]_<user id>_<submission id>_<file>` names and Moodle's `<Full Name>_<user id>_
-    assignsubmission_file_/` folders. Students are keyed by name *and* LMS user id, so two students with
+    assignsubmission_file_/` folders (or, without "download as folders", flat `…_assignsubmission_file_<file>`
+    names). A Moodle participant is always the LMS's own outermost folder: folders the student made inside
+    the upload never name a student. Students are keyed by name *and* LMS user id, so two students with
     the same name stay two rows. A file whose name matches no notebook goes to the assignment its metadata
-    names, or else to the only assignment the zip is for, when there is one. Unsafe paths are skipped. The
-    newest time the zip records for a hand-in's files is its hand-in time, written to `COLLECTION_TIMES` in
-    `into` (read by `collect`).
+    names, or else to the only assignment the zip is for, when there is one. Every member left out is named
+    in `skipped`; a zip that cannot be read, or holds no hand-in, raises CollectionError. The newest time the
+    zip records for a hand-in's files is its hand-in time, written to `COLLECTION_TIMES` in `into` (read by
+    `collect`) — except in Moodle's layouts, whose member times are the download's or the file store's, never
+    the hand-in's (README): those hand-ins have no time.
     """
     into.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(archive) as zf:
-        members = [m for m in zf.infolist() if not m.is_dir() and _safe_member(m.filename)]
-        if sum(m.file_size for m in members) > MAX_ZIP_BYTES:
-            raise ValueError(f"{archive} unpacks to more than {MAX_ZIP_BYTES // 2**30} GiB; refusing")
-        parts = [PurePosixPath(m.filename).parts for m in members]
-        tops = {p[0] for p in parts if len(p) > 1}
-        strip = 1 if len(tops) == 1 and all(len(p) >= 4 for p in parts) else 0
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            unpacked = _extract(zf, archive, into, known, only)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, zlib.error) as exc:
+        raise CollectionError(f"{archive.name} is not a readable zip ({type(exc).__name__}: {exc}); "
+                              "download it again") from None
+    return unpacked
 
-        def content(member: zipfile.ZipInfo) -> Callable[[], bytes]:
-            return lambda: zf.open(member).read(MAX_NOTEBOOK_BYTES + 1)
 
-        placed = [(m, _place(p[strip:], known, content(m))) for m, p in zip(members, parts)]
-        targets = {a for _, (_, a, _) in placed if a}
-        single = only or (next(iter(targets)) if len(targets) == 1 else None)
-        times: dict[str, str] = {}
-        for member, (student, assignment, file_name) in placed:
-            if not student:
-                continue
-            assignment = assignment or single or "unmatched-upload"
-            target = into / student / assignment / file_name
-            if not target.resolve().is_relative_to(into.resolve()):
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with zf.open(member) as src, open(target, "wb") as dst:
-                dst.write(src.read(MAX_NOTEBOOK_BYTES + 1))
+def _extract(zf: zipfile.ZipFile, archive: Path, into: Path, known: list[Assignment], only: str | None) -> Unpacked:
+    members = [m for m in zf.infolist() if not m.is_dir()]
+    unpacked = Unpacked(into, [f"{m.filename} ({why})" for m in members if (why := _unsafe_member(m.filename))])
+    members = [m for m in members if not _unsafe_member(m.filename)]
+    if sum(m.file_size for m in members) > MAX_ZIP_BYTES:
+        raise CollectionError(f"{archive.name} unpacks to more than {MAX_ZIP_BYTES // 2**30} GiB; refusing")
+    parts = [PurePosixPath(m.filename).parts for m in members]
+    tops = {p[0] for p in parts if len(p) > 1}
+    wrapped = len(tops) == 1 and not MOODLE_FOLDER.match(next(iter(tops)))  # never a Moodle participant's folder
+    strip = 1 if wrapped and all(len(p) >= 4 for p in parts) else 0
+
+    def content(member: zipfile.ZipInfo) -> Callable[[], bytes]:
+        return lambda: zf.open(member).read(MAX_NOTEBOOK_BYTES + 1)
+
+    # a member nearer the top of an upload comes first, so a same-named file in a folder below it is the one left out
+    placed = sorted(((m, _place(p[strip:], known, content(m))) for m, p in zip(members, parts)),
+                    key=lambda mp: mp[0].filename.count("/"))
+    targets = {p.assignment for _, p in placed if p.assignment}
+    single = only or (next(iter(targets)) if len(targets) == 1 else None)
+    times: dict[str, str] = {}
+    kept = 0
+    for member, (student, assignment, file_name, why, timed) in placed:
+        assignment = assignment or single or "unmatched-upload"
+        target = into / student / assignment / file_name
+        if not student:
+            why = why or "unsafe name"
+        elif target.exists():
+            why = "another file of this name, nearer the top of the upload or earlier in the zip, is the one kept"
+        elif not target.resolve().is_relative_to(into.resolve()):
+            why = "unsafe path"
+        if why:
+            unpacked.skipped.append(f"{member.filename} ({why})")
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with zf.open(member) as src, open(target, "wb") as dst:
+            dst.write(src.read(MAX_NOTEBOOK_BYTES + 1))
+        kept += 1
+        if timed:
             key = f"{student}/{assignment}"
             times[key] = max(times.get(key, ""), datetime(*member.date_time).isoformat())
+    if not kept:
+        raise CollectionError(_nothing_found(archive, unpacked.skipped))
     (into / COLLECTION_TIMES).write_text(json.dumps(times, indent=1, sort_keys=True))
-    return into
+    return unpacked
+
+
+def _nothing_found(archive: Path, skipped: list[str]) -> str:
+    if not skipped:
+        return f"{archive.name} is empty: no hand-in to grade"
+    shown = "; ".join(printable(s) for s in skipped[:3]) + (f" and {len(skipped) - 3} more" if len(skipped) > 3 else "")
+    return (f"{archive.name} holds no hand-in: none of its {len(skipped)} file(s) fits a layout collection knows "
+            f"(Canvas, Moodle, <student>/<assignment>/<file>): {shown}")
 
 
 def _collection_times(root: Path) -> dict[str, str] | None:
@@ -156,25 +225,31 @@ def _collection_times(root: Path) -> dict[str, str] | None:
     return {str(k): str(v) for k, v in times.items()} if isinstance(times, dict) else {}
 
 
-def _place(part: tuple[str, ...], known: list[Assignment], content: Callable[[], bytes]) -> tuple[str, str, str]:
-    """(student folder, assignment or '', file name) for one zip member; student '' means skip it. A flat
-    member's assignment comes from its name, or else from its metadata (`content` reads it)."""
+def _place(part: tuple[str, ...], known: list[Assignment], content: Callable[[], bytes]) -> _Placed:
+    """Where one zip member goes. A flat or Moodle member's assignment comes from its file name, or else from
+    its metadata (`content` reads it); the folder layout names it."""
     file_name = slug(part[-1]) if part else ""
     if not file_name:
-        return "", "", ""
-    if len(part) >= 3:  # <student>/<assignment>/<file>
-        return slug(part[0]), slug(part[1]), file_name
+        return _skip("unsafe name")
 
     def assignment(name: str) -> str:
         found = notebook_for(name, known) or (assignment_in(content(), known) if name.endswith(".ipynb") else None)
         return found.name if found else ""
 
-    if len(part) == 2 and (moodle := MOODLE_FOLDER.match(part[0])):
-        return slug(f"{moodle.group('student')}_{moodle.group('user')}"), assignment(part[1]), file_name
-    canvas = CANVAS_NAME.match(part[-1])
+    canvas = CANVAS_NAME.match(part[-1]) if len(part) <= 2 else None
+    moodle = MOODLE_FOLDER.match(part[0]) if len(part) >= 2 else MOODLE_FLAT.match(part[0])
+    if moodle and not canvas:  # the participant is Moodle's own folder (or name prefix); whatever the student put below it is not
+        if moodle.group("plugin") != "file":
+            return _skip(f"Moodle {moodle.group('plugin')} submission, not an uploaded file")
+        name = part[-1] if len(part) >= 2 else moodle.group("file")
+        return _Placed(slug(f"{moodle.group('student')}_{moodle.group('user')}"), assignment(name), slug(name), timed=False)
+    if len(part) >= 3:  # <student>/<assignment>/<file>
+        student, folder = slug(part[0]), slug(part[1])
+        return _Placed(student, folder, file_name) if student and folder else _skip("unsafe name")
     if not canvas:
-        return "", "", ""
-    return slug(f"{canvas.group('student')}_{canvas.group('user')}"), assignment(canvas.group("file")), slug(canvas.group("file"))
+        return _skip("fits no known layout")
+    return _Placed(slug(f"{canvas.group('student')}_{canvas.group('user')}"), assignment(canvas.group("file")),
+                   slug(canvas.group("file")))
 
 
 # --- folders ----------------------------------------------------------------------------------------------
@@ -221,8 +296,9 @@ def _hand_in(student: str, assignment: Assignment, folder: Path, known: list[Ass
     if times is not None:  # an LMS zip: the time is the zip's; a timestamp.txt came with the student's upload
         sub.submitted_at = times.get(f"{student}/{assignment.name}", "")
         if stamp is not None:
-            sub.notes.append(Note(NoteKind.TIME_IGNORED, f"{TIMESTAMP_FILE} in the upload ignored: the hand-in time "
-                                                         f"is the LMS zip's ({sub.submitted_at or 'unknown'})"))
+            lms_time = f"the LMS zip's ({sub.submitted_at})" if sub.submitted_at else "the LMS's own, unknown here"
+            sub.notes.append(Note(NoteKind.TIME_IGNORED,
+                                  f"{TIMESTAMP_FILE} in the upload ignored: the hand-in time is {lms_time}"))
     elif stamp is not None:
         sub.submitted_at = _read_small(stamp)
     files = [(p, info) for p, info in files if p != stamp]

@@ -152,9 +152,13 @@ def printable(text: str) -> str:
 
 
 def csv_cell(value: str) -> str:
-    """A text cell a spreadsheet will not run as a formula (=, +, -, @ first), control characters escaped."""
+    """A text cell a spreadsheet will not run as a formula (=, +, -, @ first), control characters escaped.
+
+    A lone "-" (Moodle's worksheet: no grade) is no formula and stays as it is."""
     value = printable(value)
-    return "'" + value if value[:1] in ("=", "+", "-", "@") else value
+    if value[:1] not in ("=", "+", "-", "@") or value == "-":
+        return value
+    return "'" + value
 
 
 def points(value: float) -> str:

@@ -61,8 +61,56 @@ def test_rebuild_restores_deleted_cells_and_grades_the_last_copy_of_an_answer():
     assert [c.source for c in rebuilt.cells] == ["def helper():\n    return 2", "import torch", "# Exercise",
                                                 "def f(x):\n    return helper() * x", "assert f(1) == 2"]
     assert rebuilt.cells[0].metadata == {ADDED: True}
-    assert [n.text for n in notes] == ["tampered: deleted cell setup restored", "tampered: deleted cell f restored"]
-    assert {n.kind for n in notes} == {NoteKind.TAMPERED}
+    assert [n.text for n in notes] == [
+        "tampered: deleted cell setup restored", "tampered: deleted cell f restored",
+        "answer copied: f_answer appears 2 times in your notebook (cells 1, 2); the last one, cell 2, was graded, "
+        "the earlier ones ran as your own cells"]
+    assert [n.kind for n in notes] == [NoteKind.TAMPERED, NoteKind.TAMPERED, NoteKind.ANSWER_COPIED]
+
+
+def test_a_draft_copied_after_the_answer_is_graded_and_the_status_says_which_copy():
+    submitted = released()
+    draft = copy.deepcopy(submitted.cells[2])
+    submitted.cells[2].source, draft.source = "def f(x):\n    return 2 * x", "def f(x):\n    return x  # try"
+    submitted.cells.append(draft)  # copied to the end to try a mistake: Jupyter's copy keeps the metadata
+    rebuilt, notes = rebuild(submitted, released())
+    assert [c.source for c in rebuilt.cells] == ["import torch", "def f(x):\n    return 2 * x", "# Exercise",
+                                                "def f(x):\n    return x  # try", "assert f(1) == 2"]
+    assert rebuilt.cells[1].metadata == {ADDED: True} and rebuilt.cells[3].metadata.nbgrader.solution
+    [note] = notes
+    assert note.kind == NoteKind.ANSWER_COPIED and note.kind.look_at
+    assert "cells 3, 5" in note.text and "cell 5, was graded" in note.text
+
+
+def test_a_verbatim_copy_of_a_test_cell_is_left_out_without_a_note_an_edited_one_is_tampering():
+    submitted = released()
+    submitted.cells[2].source = "def f(x):\n    return 2 * x"
+    again = copy.deepcopy(submitted.cells[3])
+    again.source = again.source.replace("\n", "\r\n") + "\n"  # saved by another editor: still the same cell
+    submitted.cells.append(again)
+    rebuilt, notes = rebuild(submitted, released())
+    assert notes == [] and [c.source for c in rebuilt.cells] == [c.source for c in released().cells[:2]] + [
+        "def f(x):\n    return 2 * x", "assert f(1) == 2"]
+    again.source = "assert f(1) == 2 or True"
+    assert [n.text for n in rebuild(submitted, released())[1]] == ["tampered: duplicated cell f ignored"]
+
+
+def test_cells_whose_metadata_a_tool_dropped_are_matched_by_id_and_locked_ones_still_restored():
+    submitted = released()
+    submitted.cells[2].source = "def f(x):\n    return 2 * x"
+    submitted.cells[3].source = "assert True"  # a test cell edited and stripped: still the release's
+    submitted.cells.append(own_cell("scratch = f(3)"))
+    for cell in submitted.cells:
+        cell.metadata = {}
+    rebuilt, notes = rebuild(submitted, released())
+    assert [c.source for c in rebuilt.cells] == ["import torch", "# Exercise", "def f(x):\n    return 2 * x",
+                                                "assert f(1) == 2", "scratch = f(3)"]
+    assert [c.metadata for c in rebuilt.cells] == [c.metadata for c in released().cells] + [{ADDED: True}]
+    assert [(n.kind, n.text) for n in notes] == [
+        (NoteKind.TAMPERED, "tampered: edited locked cell f restored"),
+        (NoteKind.METADATA_RESTORED, "metadata restored: 3 cell(s) had lost their nbgrader metadata; they were "
+                                     "matched to the release by cell id")]
+    assert not NoteKind.METADATA_RESTORED.look_at
 
 
 # --- scenarios --------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import unicodedata
 
 import nbformat
 
+from grader.kernel.harness import defined_names
 from grader.results import Note, NoteKind
 from labkit import cells
 
@@ -47,12 +48,20 @@ def _metadata(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode)
     return infos, restored
 
 
-def _copied_note(grade_id: str, indices: list[int]) -> Note:
-    """The note on an answer cell that appears more than once: which copy was graded, what the others did."""
+def _copied_note(grade_id: str, indices: list[int], submitted: nbformat.NotebookNode) -> Note | None:
+    """The note on an answer cell whose copies define the same names: which copy was graded, what the others did.
+
+    None for a cell split in two (its halves define different names: both run, nothing is hidden)."""
+    names = defined_names(normalised(submitted.cells[indices[-1]].source))
+    rivals = [i for i in indices[:-1] if set(names) & set(defined_names(normalised(submitted.cells[i].source)))]
+    if not rivals:
+        return None
+    shown = ", ".join(f"`{n}`" for n in names if any(n in defined_names(normalised(submitted.cells[i].source))
+                                                      for i in rivals))
     return Note(NoteKind.ANSWER_COPIED,
-                f"answer copied: {grade_id} appears {len(indices)} times in your notebook (cells "
-                f"{', '.join(str(i + 1) for i in indices)}); the last one, cell {indices[-1] + 1}, was graded, "
-                "the earlier ones ran as your own cells")
+                f"answer copied: {grade_id} appears more than once and cells {', '.join(str(i + 1) for i in rivals)} "
+                f"and {indices[-1] + 1} of your notebook all define {shown}; the last one, cell {indices[-1] + 1}, "
+                "was graded, the earlier ones ran as your own cells")
 
 
 def _same_as_released(cell: nbformat.NotebookNode, info: dict, release: nbformat.NotebookNode) -> bool:
@@ -68,8 +77,9 @@ def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -
     Locked cells, tests and their metadata always come from the release, so an edited, deleted,
     duplicated or re-labelled cell is undone; the student's answer cells and the cells they added
     (no nbgrader metadata) are kept in their place. An answer cell that appears more than once (copied,
-    or split in two: both halves keep the metadata) is graded in its last copy, and a note says so; the
-    earlier ones run as the student's own cells, where they stand. A verbatim copy of a locked or test
+    or split in two: both halves keep the metadata) is graded in its last copy; the earlier ones run as the
+    student's own cells, where they stand, and when they define a name the last copy defines too (a draft of
+    the answer, not the other half of a split cell) a note says which copy was graded. A verbatim copy of a locked or test
     cell (a student running a check again further down) is left out without a note: it never runs.
     """
     notes: list[str] = []
@@ -129,7 +139,7 @@ def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -
         kept.extend(extras.get(grade_id, []))
     rebuilt.cells = kept
     status = [Note(NoteKind.TAMPERED, f"tampered: {n}") for n in notes]
-    status += [_copied_note(gid, indices) for gid, indices in copies.items() if len(indices) > 1]
+    status += [note for gid, indices in copies.items() if (note := _copied_note(gid, indices, submitted))]
     if restored:
         status.append(Note(NoteKind.METADATA_RESTORED,
                            f"metadata restored: {restored} cell(s) had lost their nbgrader metadata; "

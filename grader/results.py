@@ -30,6 +30,8 @@ class NoteKind(Enum):
     EXTRA_FILES = "extra files"  # files beside the notebook, ignored
     REGRADED = "regraded by hand"  # an [[override]] in grading.toml set an exercise's points (grader/collect/deadlines.py)
     TIME_IGNORED = "time ignored"  # the upload carried its own hand-in time (timestamp.txt); the LMS's was used
+    ANSWER_COPIED = "answer copied"  # an answer cell appears more than once: its last copy was graded
+    METADATA_RESTORED = "metadata restored"  # cells lost their nbgrader metadata; matched to the release by cell id
 
     @property
     def graded(self) -> bool:
@@ -41,7 +43,7 @@ class NoteKind(Enum):
         """Whether the report lists the row under "look at these" (an instructor should read the hand-in)."""
         return self in (NoteKind.TAMPERED, NoteKind.INTERFERENCE, NoteKind.TIMEOUT, NoteKind.KERNEL_DIED,
                         NoteKind.LIMIT_HIT, NoteKind.SKIPPED, NoteKind.GRADER_ERROR, NoteKind.NOT_JUDGED,
-                        NoteKind.TIME_IGNORED)
+                        NoteKind.TIME_IGNORED, NoteKind.ANSWER_COPIED)
 
 
 @dataclass(frozen=True)

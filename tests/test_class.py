@@ -221,8 +221,21 @@ def graded_class(tmp_path_factory):
     nb.cells[_index(nb, "gradient_descent")].metadata.nbgrader.update(grade=False, points=100)
     add("changed-metadata", nb, FULL, "tampered: changed metadata of gradient_descent restored")
     nb = reference_submission(A)
-    nb.cells.append(nb.cells[_index(nb, "mse_grad")].copy())
+    nb.cells.append(copy.deepcopy(nb.cells[_index(nb, "mse_grad")]))  # a check run again further down: no edit
+    add("copied-test-cell", nb, FULL, "ok")
+    nb.cells[-1].source += "\nassert True"
     add("duplicated-test-cell", nb, FULL, "tampered: duplicated cell mse_grad ignored")
+    # Stripped by a tool that clears cell metadata (ids kept): answers matched by id, nothing tampered with.
+    nb = reference_submission(A)
+    for cell in nb.cells:
+        cell.metadata = {}
+    add("metadata-stripped", nb, FULL, "metadata restored: ")
+    # An answer copied to the end to try a mistake (the copy keeps the metadata): that copy is graded, and said.
+    nb = reference_submission(A)
+    draft = copy.deepcopy(nb.cells[_index(nb, "mse_grad_answer")])
+    draft.source = WRONG_MSE
+    nb.cells.append(draft)
+    add("answer-copied-to-the-end", nb, {**FULL, "mse_grad": 0.0}, "answer copied: mse_grad_answer appears more")
     nb = reference_submission(A)
     nb.cells = []
     add("emptied-notebook", nb, ZERO, "tampered: deleted answer cell mse_grad_answer restored")

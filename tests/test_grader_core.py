@@ -13,6 +13,7 @@ import subprocess
 import sys
 from queue import Empty
 
+import nbformat
 import pytest
 import torch
 from conftest import REPO
@@ -62,7 +63,53 @@ def test_rebuild_restores_deleted_cells_and_grades_the_last_copy_of_an_answer():
                                                 "def f(x):\n    return helper() * x", "assert f(1) == 2"]
     assert rebuilt.cells[0].metadata == {ADDED: True}
     assert [n.text for n in notes] == ["tampered: deleted cell setup restored", "tampered: deleted cell f restored"]
-    assert {n.kind for n in notes} == {NoteKind.TAMPERED}
+    assert {n.kind for n in notes} == {NoteKind.TAMPERED}  # a split cell's halves define different names: no note
+
+
+def test_a_draft_copied_after_the_answer_is_graded_and_the_status_says_which_copy():
+    submitted = released()
+    draft = copy.deepcopy(submitted.cells[2])
+    submitted.cells[2].source, draft.source = "def f(x):\n    return 2 * x", "def f(x):\n    return x  # try"
+    submitted.cells.append(draft)  # copied to the end to try a mistake: Jupyter's copy keeps the metadata
+    rebuilt, notes = rebuild(submitted, released())
+    assert [c.source for c in rebuilt.cells] == ["import torch", "def f(x):\n    return 2 * x", "# Exercise",
+                                                "def f(x):\n    return x  # try", "assert f(1) == 2"]
+    assert rebuilt.cells[1].metadata == {ADDED: True} and rebuilt.cells[3].metadata.nbgrader.solution
+    [note] = notes
+    assert note.kind == NoteKind.ANSWER_COPIED and note.kind.look_at
+    assert note.text == ("answer copied: f_answer appears more than once and cells 3 and 5 of your notebook all "
+                         "define `f`; the last one, cell 5, was graded, the earlier ones ran as your own cells")
+
+
+def test_a_verbatim_copy_of_a_test_cell_is_left_out_without_a_note_an_edited_one_is_tampering():
+    submitted = released()
+    submitted.cells[2].source = "def f(x):\n    return 2 * x"
+    again = copy.deepcopy(submitted.cells[3])
+    again.source = again.source.replace("\n", "\r\n") + "\n"  # saved by another editor: still the same cell
+    submitted.cells.append(again)
+    rebuilt, notes = rebuild(submitted, released())
+    assert notes == [] and [c.source for c in rebuilt.cells] == [c.source for c in released().cells[:2]] + [
+        "def f(x):\n    return 2 * x", "assert f(1) == 2"]
+    again.source = "assert f(1) == 2 or True"
+    assert [n.text for n in rebuild(submitted, released())[1]] == ["tampered: duplicated cell f ignored"]
+
+
+def test_cells_whose_metadata_a_tool_dropped_are_matched_by_id_and_locked_ones_still_restored():
+    submitted = released()
+    submitted.cells[2].source = "def f(x):\n    return 2 * x"
+    submitted.cells[3].source = "assert True"  # a test cell edited and stripped: still the release's
+    submitted.cells.append(own_cell("scratch = f(3)"))
+    for cell in submitted.cells:
+        cell.metadata = {}
+    rebuilt, notes = rebuild(submitted, released())
+    assert [c.source for c in rebuilt.cells] == ["import torch", "# Exercise", "def f(x):\n    return 2 * x",
+                                                "assert f(1) == 2", "scratch = f(3)"]
+    assert [c.metadata for c in rebuilt.cells] == [c.metadata for c in released().cells] + [{ADDED: True}]
+    assert [(n.kind, n.text) for n in notes] == [
+        (NoteKind.TAMPERED, "tampered: edited locked cell f restored"),
+        (NoteKind.METADATA_RESTORED, "metadata restored: 3 cell(s) had lost their nbgrader metadata; they were "
+                                     "matched to the release by cell id")]
+    assert not NoteKind.METADATA_RESTORED.look_at
 
 
 # --- scenarios --------------------------------------------------------------------------------------------
@@ -243,6 +290,35 @@ def test_slow_cells_of_the_students_own_cost_only_those_cells(monkeypatch):
     runs = harness.run_steps(steps, lambda: kernel, timeout=30)  # own cells get max(120, 4 × 30) s together
     assert [r.failure for r in runs] == ["", "", "", harness.SKIPPED, harness.SKIPPED, "", ""]
     assert kernel.ran[-2:] == ["def f", "scenario"]  # the answer and its test still ran
+
+
+def test_cells_that_only_define_things_still_run_after_the_own_cells_budget():
+    from grader.kernel import harness
+
+    helper = "import torch\n\ndef _top(H, k: int = 1) -> float:\n    return torch.linalg.eigvalsh(H).max().item()"
+    kernel = FakeKernel(seconds=25.0)
+    steps = [Step(f"cell {i}", f"sleep {i}", True, added=True) for i in range(5)]  # 125 s: the budget is spent
+    steps += [Step("cell 6", helper, True, added=True), Step("cell 7", "print(_top(H))", True, added=True),
+              Step("cell 8", "K = 3", True, added=True), Step("cell 9", "class C:\n    n = 2", True, added=True)]
+    runs = harness.run_steps(steps, lambda: kernel, timeout=30)
+    assert [r.failure for r in runs] == ["", "", "", "", "", "", harness.SKIPPED, "", harness.SKIPPED]
+    assert kernel.ran[5:] == [helper, "K = 3"]  # one --timeout of definitions past the budget (25 + 25 > 30)
+
+
+def test_what_counts_as_only_defining_things():
+    from grader.kernel.harness import defined_names, defines_only
+
+    for source in ("import torch\nfrom math import pi as PI", "def f(x, n=-1, *a, k: int | None = None):\n    return g()",
+                   'class Net(torch.nn.Module):\n    """doc"""\n    size: int = 3\n    def forward(self, x):\n'
+                   "        return x", "LR = 0.1\nSIZES = (1, 2.5, 'a')\nA, B = 1, 2", "x: 'torch.Tensor'"):
+        assert defines_only(source), source
+    for source in ("time.sleep(25)", "x = f()", "def f(x=g()):\n    pass", "@functools.cache\ndef f():\n    pass",
+                   "x = 10 ** 10 ** 10", "class C(metaclass=M):\n    pass", "class C:\n    f()", "for i in []:\n    pass",
+                   "def f(:", "x = [i for i in y]"):
+        assert not defines_only(source), source
+    assert defined_names("import torch.nn as nn, math\nfrom a import b\ndef f(): pass\nclass C: pass\nx, (y, z) = t\n"
+                         "f(1)") == ["nn", "math", "b", "f", "C", "x", "y", "z"]
+    assert defined_names("def f(:") == []
 
 
 @pytest.mark.integration  # a kernel in a Python subprocess of its own
@@ -443,3 +519,24 @@ def test_a_reply_whose_idle_iopub_missed_is_asked_again():
 def test_a_kernel_that_never_answers_is_dead_or_late():
     with pytest.raises(RuntimeError, match="Kernel died before replying to kernel_info"):
         _starting_kernel(StartingClient(idle_lost_for={f"request-{i}" for i in range(9)}), alive=False)._wait_until_ready(30)
+
+
+@pytest.mark.integration  # grades notebook 01 in a kernel
+def test_a_helper_skipped_by_the_own_cells_budget_is_named_in_the_hint(monkeypatch):
+    from grader.author.mutants import reference_submission
+    from grader.course import assignment_named
+    from grader.judge.grading import grade_notebook, plain_kernel_factory, reference_records, run_notes
+    from grader.kernel import harness
+
+    monkeypatch.setattr(harness, "own_cells_budget", lambda timeout: 0.5)
+    one = assignment_named("01_gradient_descent")
+    nb, _ = rebuild(reference_submission(one), nbformat.read(one.release, as_version=4))
+    at = next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == "mse_grad_answer")
+    helper = "import time\ntime.sleep(0)\n\ndef _residual(w, X, y):\n    return X @ w - y"  # a call: not definitions only
+    nb.cells[at].source = "def mse_grad(w, X, y):\n    return 2.0 / X.shape[0] * X.T @ _residual(w, X, y)"
+    nb.cells[at:at] = [own_cell("import time\ntime.sleep(0.6)", **{ADDED: True}), own_cell(helper, **{ADDED: True})]
+    graded = grade_notebook(nb, one, plain_kernel_factory(), 30, reference_records(one, plain_kernel_factory(), 120))
+    message = graded.verdicts["mse_grad"].message
+    assert "NameError" in message and f"cell {at + 2} (defines `time`, `_residual`)" in message, message
+    assert "budget of 0.5 s" in message and graded.verdicts["critical_lr"].passed
+    assert [n.kind for n in run_notes(graded)] == [NoteKind.SKIPPED]

@@ -358,9 +358,10 @@ def _plan(run: _Run, subs: list[Submission], template: Path, force: bool) -> tup
 
 
 def _wall_budget(assignment: Assignment, timeout: int) -> float:
-    """Every cell and test at its limit, twice over (a crash replays what ran), plus the student's own cells."""
+    """Every cell and test at its limit, twice over (a crash replays what ran), plus the student's own cells
+    (their budget, and up to two cells' limits for the definitions that run after it: harness.defines_only)."""
     code_cells = sum(c.cell_type == "code" for c in nbformat.read(assignment.source, as_version=4).cells)
-    return 2 * timeout * code_cells + own_cells_budget(timeout) + WORKER_OVERHEAD_S
+    return 2 * timeout * code_cells + own_cells_budget(timeout) + 2 * timeout + WORKER_OVERHEAD_S
 
 
 def _grade(run: _Run, pending: list[_Pending], progress: bool) -> list[Result]:

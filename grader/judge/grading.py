@@ -18,7 +18,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import nbformat
@@ -160,6 +160,7 @@ def grade_notebook(nb: nbformat.NotebookNode, assignment: Assignment, new_kernel
     runs = harness.run_steps(steps, new_kernel, timeout, clock)
     points = {s.test: s.points for s in scenarios(assignment)}
     graded = Graded(steps, runs, {}, clock=clock)
+    skipped = skipped_definitions(steps, runs)
     for step, run in zip(steps, runs):
         if not step.test:
             continue
@@ -173,6 +174,11 @@ def grade_notebook(nb: nbformat.NotebookNode, assignment: Assignment, new_kernel
                 graded.unreadable[step.test] = failure
             graded.verdicts[step.test] = judge(step.test, points[step.test], reference, student, failure,
                                                vocabulary(reference, mistakes.values()))
+            if student is not None and student.error == "NameError" and skipped:
+                graded.verdicts[step.test] = replace(graded.verdicts[step.test], message=(
+                    f"{graded.verdicts[step.test].message} Your own cells had used their time budget of "
+                    f"{harness.own_cells_budget(timeout):g} s, and these were skipped: {skipped}. Put what your "
+                    "answer needs in the answer cell, or in a cell that only defines things."))
             if student is not None and not graded.verdicts[step.test].passed:
                 graded.mistakes[step.test] = next(
                     (name for name, mistake in mistakes.items() if behaves_like(student, mistake, reference)), "")
@@ -182,6 +188,14 @@ def grade_notebook(nb: nbformat.NotebookNode, assignment: Assignment, new_kernel
                                                  f"({type(exc).__name__}); your instructor will look at it.")
             graded.notes.append(Note(NoteKind.NOT_JUDGED, f"not judged: test {step.test} ({type(exc).__name__})"))
     return graded
+
+
+def skipped_definitions(steps: list[Step], runs: list[StepRun], shown: int = 3) -> str:
+    """The first few skipped cells of the student's own that define names, as a hint names them ('' when none):
+    "cell 21 (defines `helper`)"."""
+    named = [(step.label, names) for step, run in zip(steps, runs)
+             if run.failure == SKIPPED and (names := harness.defined_names(step.code))]
+    return ", ".join(f"{label} (defines {', '.join(f'`{n}`' for n in names[:shown])})" for label, names in named[:shown])
 
 
 def run_notes(graded: Graded) -> list[Note]:
@@ -200,7 +214,8 @@ def run_notes(graded: Graded) -> list[Note]:
             notes.append(Note(NoteKind.KERNEL_DIED, f"not run: {where} (no kernel after repeated crashes)"))
         elif run.failure == SKIPPED and not any(n.kind == NoteKind.SKIPPED for n in notes):
             notes.append(Note(NoteKind.SKIPPED, f"skipped your cells from {where} on: your own cells had used their "
-                                                "time budget (answers and tests still ran)"))
+                                                "time budget (answers, tests and cells that only define functions, "
+                                                "classes, imports or constants still ran)"))
         elif run.error == "MemoryError" and step.by_student:
             notes.append(Note(NoteKind.LIMIT_HIT, f"out of memory in {where}"))
         elif step.test in graded.unreadable:

@@ -7,6 +7,7 @@ import unicodedata
 
 import nbformat
 
+from grader.kernel.harness import defined_names
 from grader.results import Note, NoteKind
 from labkit import cells
 
@@ -30,27 +31,72 @@ def _line_endings(source: str) -> str:
     return source.replace("\r\n", "\n").replace("\r", "\n")
 
 
+def _metadata(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -> tuple[list[dict], int]:
+    """Each submitted cell's nbgrader metadata, and how many cells had theirs back from the release.
+
+    A tool that drops cell metadata (nbconvert's ClearMetadataPreprocessor, some editors) keeps cell ids: a
+    cell with no nbgrader metadata whose id is a released nbgrader cell's takes that cell's metadata. That
+    gives a student nothing they could not have by keeping the metadata: the release's locked and test
+    cells are still put back from the release, and an answer matched by id is graded like any answer."""
+    by_id = {c.get("id"): cells.nbgrader(c) for c in released.cells if cells.nbgrader(c) and c.get("id")}
+    infos, restored = [], 0
+    for cell in submitted.cells:
+        info = cells.nbgrader(cell)
+        if not info and cell.get("id") in by_id:
+            info, restored = by_id[cell.get("id")], restored + 1
+        infos.append(info)
+    return infos, restored
+
+
+def _copied_note(grade_id: str, indices: list[int], submitted: nbformat.NotebookNode) -> Note | None:
+    """The note on an answer cell whose copies define the same names: which copy was graded, what the others did.
+
+    None for a cell split in two (its halves define different names: both run, nothing is hidden)."""
+    names = defined_names(normalised(submitted.cells[indices[-1]].source))
+    rivals = [i for i in indices[:-1] if set(names) & set(defined_names(normalised(submitted.cells[i].source)))]
+    if not rivals:
+        return None
+    shown = ", ".join(f"`{n}`" for n in names if any(n in defined_names(normalised(submitted.cells[i].source))
+                                                      for i in rivals))
+    return Note(NoteKind.ANSWER_COPIED,
+                f"answer copied: {grade_id} appears more than once and cells {', '.join(str(i + 1) for i in rivals)} "
+                f"and {indices[-1] + 1} of your notebook all define {shown}; the last one, cell {indices[-1] + 1}, "
+                "was graded, the earlier ones ran as your own cells")
+
+
+def _same_as_released(cell: nbformat.NotebookNode, info: dict, release: nbformat.NotebookNode) -> bool:
+    """Whether a locked or test cell is the release's, source (as editors save it) and metadata alike."""
+    theirs = cells.nbgrader(release)
+    return (normalised(cell.source) == normalised(release.source)
+            and all(info.get(k) == theirs.get(k) for k in ("grade", "solution", "locked", "points")))
+
+
 def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -> tuple[nbformat.NotebookNode, list[Note]]:
     """The released notebook with the student's answers and own cells put back in; plus what was tampered with.
 
     Locked cells, tests and their metadata always come from the release, so an edited, deleted,
     duplicated or re-labelled cell is undone; the student's answer cells and the cells they added
     (no nbgrader metadata) are kept in their place. An answer cell that appears more than once (copied,
-    or split in two: both halves keep the metadata) is graded in its last copy; the earlier ones run
-    as the student's own cells, where they stand.
+    or split in two: both halves keep the metadata) is graded in its last copy; the earlier ones run as the
+    student's own cells, where they stand, and when they define a name the last copy defines too (a draft of
+    the answer, not the other half of a split cell) a note says which copy was graded. A verbatim copy of a locked or test
+    cell (a student running a check again further down) is left out without a note: it never runs.
     """
     notes: list[str] = []
-    known = {cells.grade_id(c) for c in released.cells if cells.nbgrader(c)}
-    answers: dict[str, nbformat.NotebookNode] = {}
+    release_cells = {cells.grade_id(c): c for c in released.cells if cells.nbgrader(c)}
+    answers: dict[str, tuple[nbformat.NotebookNode, dict]] = {}  # grade id -> the student's cell, its metadata
     extras: dict[str | None, list[nbformat.NotebookNode]] = {}
     released_ids = {c.get("id") for c in released.cells}
     anchor: str | None = None
     added = 0
     answer_ids = {cells.grade_id(c) for c in released.cells if cells.kind(c) == cells.ANSWER}
-    last = {cells.grade_id(c): i for i, c in enumerate(submitted.cells) if cells.grade_id(c) in answer_ids}
-    for index, cell in enumerate(submitted.cells):
-        info = cells.nbgrader(cell)
-        if info.get("grade_id") in answer_ids and last[info["grade_id"]] != index:
+    infos, restored = _metadata(submitted, released)
+    copies: dict[str, list[int]] = {}
+    for index, info in enumerate(infos):
+        if info.get("grade_id") in answer_ids:
+            copies.setdefault(info["grade_id"], []).append(index)
+    for index, (cell, info) in enumerate(zip(submitted.cells, infos)):
+        if info.get("grade_id") in answer_ids and copies[info["grade_id"]][-1] != index:
             info = {}  # an earlier copy of an answer: the student's own code, run where it stands
         if not info:
             # The student's own cells: code they added, and prose cells the release does not have.
@@ -64,12 +110,13 @@ def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -
                 extras.setdefault(anchor, []).append(cell)
             continue
         grade_id = info.get("grade_id")
-        if grade_id not in known:
+        if grade_id not in release_cells:
             notes.append(f"unknown cell {grade_id!r} removed")
         elif grade_id in answers:
-            notes.append(f"duplicated cell {grade_id} ignored")
+            if not _same_as_released(cell, info, release_cells[grade_id]):
+                notes.append(f"duplicated cell {grade_id} ignored")
         else:
-            answers[grade_id] = cell
+            answers[grade_id] = cell, info
             anchor = grade_id
     rebuilt = copy.deepcopy(released)
     kept = list(extras.get(None, []))
@@ -79,7 +126,7 @@ def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -
         if not info:
             continue
         grade_id = info["grade_id"]
-        theirs = answers.get(grade_id)
+        theirs, their_info = answers.get(grade_id, (None, {}))
         if theirs is None:
             notes.append(f"deleted {'answer ' if info.get('solution') else ''}cell {grade_id} restored")
         elif info.get("solution"):
@@ -87,12 +134,16 @@ def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -
         else:
             if normalised(theirs.source) != normalised(cell.source):
                 notes.append(f"edited locked cell {grade_id} restored")
-            their_info = cells.nbgrader(theirs)
             if any(their_info.get(k) != info.get(k) for k in ("grade", "solution", "locked", "points")):
                 notes.append(f"changed metadata of {grade_id} restored")
         kept.extend(extras.get(grade_id, []))
     rebuilt.cells = kept
     status = [Note(NoteKind.TAMPERED, f"tampered: {n}") for n in notes]
+    status += [note for gid, indices in copies.items() if (note := _copied_note(gid, indices, submitted))]
+    if restored:
+        status.append(Note(NoteKind.METADATA_RESTORED,
+                           f"metadata restored: {restored} cell(s) had lost their nbgrader metadata; "
+                           "they were matched to the release by cell id"))
     if added > MAX_ADDED_CELLS:
         status.append(Note(NoteKind.LIMIT_HIT,
                            f"too many cells: only the first {MAX_ADDED_CELLS} of the {added} cells you added were run"))

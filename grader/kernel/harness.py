@@ -9,6 +9,7 @@ step, so one crash costs only the exercise it happened in.
 
 from __future__ import annotations
 
+import ast
 import json
 import shutil
 import subprocess
@@ -44,7 +45,7 @@ class Failure(str, Enum):
     DIED = "died"  # the kernel died while the step ran
     OUTPUT_LIMIT = "output limit"  # more output than MAX_OUTPUT_CHARS: the rest was dropped
     NOT_RUN = "not run"  # no kernel could be started for it
-    SKIPPED = "skipped"  # a cell of the student's own after their cells had used OWN_CELLS_BUDGET
+    SKIPPED = "skipped"  # a cell of the student's own after their cells had used own_cells_budget
 
 
 TIMEOUT, KILLED, DIED, OUTPUT_LIMIT, NOT_RUN, SKIPPED = (Failure.TIMEOUT, Failure.KILLED, Failure.DIED,
@@ -52,9 +53,68 @@ TIMEOUT, KILLED, DIED, OUTPUT_LIMIT, NOT_RUN, SKIPPED = (Failure.TIMEOUT, Failur
 
 
 def own_cells_budget(timeout: float) -> float:
-    """Seconds the cells a student added may take together; after that they are skipped (answers and tests
-    still run), so a notebook full of slow scratch cells costs nothing but those cells."""
+    """Seconds the cells a student added may take together; after that they are skipped (answers, tests and
+    cells that only define things still run: defines_only), so slow scratch cells cost nothing but themselves."""
     return max(120.0, 4 * timeout)
+
+
+# Expressions that evaluate without calling anything or computing much: names, attributes, constants, and the
+# subscripts, tuples, lists, negations and `X | Y` unions made of them (defaults, annotations, base classes).
+_CHEAP = (ast.Name, ast.Attribute, ast.Constant, ast.Subscript, ast.Tuple, ast.List, ast.Load, ast.Store,
+          ast.UnaryOp, ast.USub, ast.BinOp, ast.BitOr)
+
+
+def _cheap(node: ast.AST | None) -> bool:
+    return node is None or all(isinstance(n, _CHEAP) and (not isinstance(n, ast.BinOp) or isinstance(n.op, ast.BitOr))
+                               for n in ast.walk(node))
+
+
+def _defines(statement: ast.stmt) -> bool:
+    """Whether a statement only defines a name (what running it costs is next to nothing)."""
+    if isinstance(statement, (ast.Import, ast.ImportFrom, ast.Pass)):
+        return True
+    if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        args = statement.args
+        evaluated = [*args.defaults, *args.kw_defaults, statement.returns,
+                     *(a.annotation for a in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
+                       if a is not None)]
+        return not statement.decorator_list and all(map(_cheap, evaluated))
+    if isinstance(statement, ast.ClassDef):
+        return (not statement.decorator_list and not statement.keywords and all(map(_cheap, statement.bases))
+                and all(map(_defines, statement.body)))
+    if isinstance(statement, ast.Assign):
+        return all(map(_cheap, [*statement.targets, statement.value]))
+    if isinstance(statement, ast.AnnAssign):
+        return _cheap(statement.target) and _cheap(statement.annotation) and _cheap(statement.value)
+    return isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)  # a docstring
+
+
+def defines_only(source: str) -> bool:
+    """Whether a cell only defines things: imports, functions and classes without decorators, names bound to
+    constants (no calls). Such a cell of the student's own still runs after own_cells_budget is spent (these
+    cells then get one --timeout more together): an answer may use the helper it defines."""
+    try:
+        return all(map(_defines, ast.parse(source).body))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+
+
+def defined_names(source: str) -> list[str]:
+    """The names a cell binds at its top level (functions, classes, imports, assignments), in order."""
+    try:
+        body = ast.parse(source).body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    names: list[str] = []
+    for statement in body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.append(statement.name)
+        elif isinstance(statement, (ast.Import, ast.ImportFrom)):
+            names += [alias.asname or alias.name.split(".")[0] for alias in statement.names]
+        elif isinstance(statement, (ast.Assign, ast.AnnAssign)):
+            targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+            names += [n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name)]
+    return list(dict.fromkeys(names))
 
 
 @dataclass(frozen=True)
@@ -65,7 +125,7 @@ class Step:
     code: str
     by_student: bool
     test: str = ""  # the test id when this step is a scenario
-    added: bool = False  # a cell the student added: it runs within OWN_CELLS_BUDGET
+    added: bool = False  # a cell the student added: it runs within own_cells_budget
     history: bool = True  # kept in the kernel's input history (`_i`, `In`); the grader's own steps are not
 
 
@@ -295,7 +355,7 @@ def run_steps(steps: list[Step], new_kernel: Callable[[], Kernel], timeout: floa
     replay: list[Step] = []  # cells (never scenarios) that ran without taking the kernel down
     restarts = 0
     kept = 0  # output characters kept so far: a flood spread over many cells is still bounded
-    own_seconds, budget = 0.0, own_cells_budget(timeout)
+    own_seconds, budget, grace = 0.0, own_cells_budget(timeout), 0.0
     try:
         for step in steps:
             if kernel is None:
@@ -304,10 +364,12 @@ def run_steps(steps: list[Step], new_kernel: Callable[[], Kernel], timeout: floa
                 timed("kernel start", began)
             if kernel is None:
                 run = StepRun(failure=NOT_RUN)
-            elif step.added and own_seconds >= budget:
+            elif step.added and own_seconds >= budget and (grace >= timeout or not defines_only(step.code)):
                 run = StepRun(failure=SKIPPED)
             else:
                 run = kernel.run(step.code, timeout, store_history=step.history and not step.test)
+                if step.added and own_seconds >= budget:
+                    grace += run.seconds  # a definition past the budget: together at most about one --timeout
                 if run.failure in (KILLED, DIED):
                     began = time.monotonic()
                     kernel.stop()

@@ -107,6 +107,12 @@ def test_results_json_after_release_holds_the_messages_until_the_due_date():
     assert f"  renamed: graded {COPY_OF} as {ONE}.ipynb" in out["output"]
 
 
+@pytest.mark.parametrize(("seconds", "kept"), [(9.6349, 9.6), (123.456, 120.0), (1234.5, 1200.0)])
+def test_results_json_keeps_the_run_time_to_two_significant_digits(seconds, kept):
+    # a hand-in's scenarios can stretch the run: its time is a channel, counted at 2 digits like the other timings
+    assert results_json(graded_row(), A, "at-once", seconds)["execution_time"] == kept
+
+
 def test_results_json_at_once_shows_points_only():
     out = results_json(graded_row(), A, "at-once", 3.0)
     assert {t["visibility"] for t in out["tests"]} == {"visible"}

@@ -48,10 +48,14 @@ from pathlib import Path
 
 from grader.course import Assignment, assignment_named, assignments
 from grader.paths import BUILD, REPO
+from grader.platforms.student_kernel import NETWORK_ENV
 from grader.results import Result, points
 from labkit import cells
 
 HERE = Path(__file__).resolve().parent
+# Assignments whose kernels need network sockets: 07's gloo ranks meet over loopback TCP (helpers/distributed.py).
+# In `user` isolation every other kernel may open AF_UNIX sockets only (grader/platforms/student_kernel.py).
+NETWORK_ASSIGNMENTS = frozenset({"07_distributed"})
 SETTINGS = "gradescope.json"
 REQUIREMENTS = "requirements-gradescope.txt"
 SHIPPED = ("grader", "helpers", "labkit", "solutions", "notebooks", "pyproject.toml")
@@ -233,6 +237,7 @@ def grade(root: Path) -> dict:
         raise RuntimeError(f"refusing to run student code: {isolation}")
     if isolation == "user":
         os.environ["JUPYTER_PATH"] = str(STUDENT_KERNELS)
+        os.environ[NETWORK_ENV] = "inet" if assignment.name in NETWORK_ASSIGNMENTS else ""
         for path in (root / "results", root / "submission", root / "submission_metadata.json"):
             _hide(path)
     work = Path(tempfile.mkdtemp(prefix="gradescope-"))

@@ -8,8 +8,11 @@ Gradescope runs it (AUTOGRADER_ROOT and TML_PYTHON point it at this folder and t
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import sysconfig
+import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -20,8 +23,8 @@ from conftest import PYTHON, REPO, artifacts
 from instructor_class import FULL, ONE, A
 
 from grader.author.mutants import load_mutants, mutant_submission, reference_submission
-from grader.course import assignment_named
-from grader.platforms.gradescope import HELD_BACK, Refused, build_zip, identify, results_json
+from grader.course import assignment_named, assignments
+from grader.platforms.gradescope import HELD_BACK, NETWORK_ASSIGNMENTS, Refused, build_zip, identify, results_json
 from grader.results import Note, NoteKind, Result
 
 FACTOR2 = next(m for m in load_mutants(A) if m.name == "mse_grad_missing_factor_2")
@@ -107,11 +110,23 @@ def test_results_json_after_release_holds_the_messages_until_the_due_date():
     assert f"  renamed: graded {COPY_OF} as {ONE}.ipynb" in out["output"]
 
 
+@pytest.mark.parametrize(("seconds", "kept"), [(9.6349, 9.6), (123.456, 120.0), (1234.5, 1200.0)])
+def test_results_json_keeps_the_run_time_to_two_significant_digits(seconds, kept):
+    # a hand-in's scenarios can stretch the run: its time is a channel, counted at 2 digits like the other timings
+    assert results_json(graded_row(), A, "at-once", seconds)["execution_time"] == kept
+
+
 def test_results_json_at_once_shows_points_only():
     out = results_json(graded_row(), A, "at-once", 3.0)
     assert {t["visibility"] for t in out["tests"]} == {"visible"}
     assert [t["output"] for t in out["tests"]] == [f"not passed — {HELD_BACK}", "passed", "passed", f"not passed — {HELD_BACK}"]
     assert "off by a factor" not in json.dumps(out)
+
+
+def test_in_user_isolation_only_the_notebooks_that_start_ranks_keep_the_network():
+    # gloo's ranks (helpers.distributed) meet over loopback TCP; every other kernel gets AF_UNIX sockets only
+    starts_ranks = {a.name for a in assignments() if "from helpers.distributed import" in a.source.read_text()}
+    assert NETWORK_ASSIGNMENTS == starts_ranks == {"07_distributed"}
 
 
 # --- slow: the zip in a Gradescope-shaped folder -------------------------------------------------------------------
@@ -140,10 +155,9 @@ def run_autograder(root: Path, files: dict, **env) -> tuple[dict | None, subproc
     return (json.loads(results.read_text()) if results.exists() else None), done, seconds
 
 
-@pytest.fixture(scope="module")
-def gradescope_root(tmp_path_factory):
-    """A Gradescope-shaped folder with the zip of notebook 01 unpacked and prepared (setup.sh's last step)."""
-    root = tmp_path_factory.mktemp("autograder")
+def prepared_root(root: Path, python: str, **env: str) -> Path:
+    """`root` made a Gradescope-shaped folder with the zip of notebook 01 unpacked and prepared with `python`
+    (setup.sh's last step)."""
     subprocess.run([PYTHON, "-m", "grader", "gradescope", str(root / "autograder.zip"), "--assignment", "01",
                     "--timeout", "10"], cwd=REPO, check=True, capture_output=True)
     source = unpack(root / "autograder.zip", root)
@@ -151,10 +165,15 @@ def gradescope_root(tmp_path_factory):
     for cached in (REPO / "build" / "reference-records").glob(f"{ONE}-*.json"):
         (source / "build" / "reference-records").mkdir(parents=True, exist_ok=True)
         shutil.copy(cached, source / "build" / "reference-records")
-    prepared = subprocess.run([PYTHON, "-m", "grader.platforms.gradescope", "prepare"], cwd=source, capture_output=True,
-                              text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(source)})
+    prepared = subprocess.run([python, "-m", "grader.platforms.gradescope", "prepare"], cwd=source, capture_output=True,
+                              text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(source), **env})
     assert prepared.returncode == 0, prepared.stdout + prepared.stderr
     return root
+
+
+@pytest.fixture(scope="module")
+def gradescope_root(tmp_path_factory):
+    return prepared_root(tmp_path_factory.mktemp("autograder"), PYTHON)
 
 
 @pytest.mark.slow
@@ -195,8 +214,6 @@ def unused_uid() -> int:
 
 @pytest.mark.integration  # forks a child that becomes the student
 def test_the_student_kernel_launcher_drops_to_the_user_before_anything_runs(tmp_path):
-    import tempfile
-
     from grader.platforms.student_kernel import become_student
 
     uid = unused_uid()
@@ -244,31 +261,93 @@ def runnable_by_others(path: Path) -> str:
     return "" if real.stat().st_mode & 0o005 == 0o005 else str(real)
 
 
-@pytest.mark.slow
-def test_without_the_sandbox_student_code_runs_as_an_unprivileged_user_who_cannot_reach_the_grader(gradescope_root, tmp_path):
+def student_python(folder: Path) -> dict[str, str]:
+    """What runs Gradescope's grading with an interpreter the student's user can run (TML_PYTHON, PATH): this one,
+    else (it is behind a folder only its owner enters, like pyenv's under /root) a venv in `folder` on the system's
+    Python of the same version that adds this interpreter's packages, as Gradescope's setup.sh installs its Python
+    where every user can run it (its tools, nbgrader's `alembic`, stay this interpreter's)."""
+    if not runnable_by_others(Path(PYTHON)):
+        return {"TML_PYTHON": PYTHON}
+    system = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
+    if not system.exists() or runnable_by_others(system):
+        pytest.skip(f"this interpreter ({os.path.realpath(PYTHON)}) is behind {runnable_by_others(Path(PYTHON))}, which "
+                    f"other users cannot enter, and there is no {system} to stand in for it")
+    subprocess.run([str(system), "-m", "venv", "--without-pip", str(folder)], check=True)
+    packages = sysconfig.get_paths()["purelib"]
+    (Path(sysconfig.get_paths(vars={"base": str(folder)})["purelib"]) / "course.pth").write_text(
+        f"import site; site.addsitedir({packages!r})\n")
+    return {"TML_PYTHON": str(folder / "bin" / "python"),
+            "PATH": os.pathsep.join([str(folder / "bin"), str(Path(PYTHON).parent), os.environ["PATH"]])}
+
+
+@pytest.fixture(scope="module")
+def user_mode():
+    """(a Gradescope-shaped folder prepared by an interpreter the student's user can run, the environment that
+    runs it, a uid), everything where that user can reach it (pytest's own folders are for root only)."""
     uid = unused_uid()
-    if blocked := runnable_by_others(Path(PYTHON)):
-        message = (f"this interpreter ({os.path.realpath(PYTHON)}) is behind {blocked}, which other users cannot enter: "
-                   "a kernel run as another user cannot start (setup.sh installs Gradescope's Python in /opt)")
-        pytest.skip(message)
+    top = Path(tempfile.mkdtemp(prefix="tml-gradescope-"))
+    top.chmod(0o755)
+    env = student_python(top / "venv")
+    (top / "autograder").mkdir()
+    try:
+        yield prepared_root(top / "autograder", env["TML_PYTHON"], **env), env, uid
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+# In the student's own cell (the same kernel as the hidden scenarios): the grader's files, the network (the attack
+# of review F2 sent the hidden scenario to a TCP listener), and memory beyond the limit.
+USER_MODE_PROBE = """
+import os, pathlib, resource, socket
+leak = pathlib.Path({leak!r})
+def tried(name, attempt):
+    try:
+        attempt()
+        (leak / name).write_text("reached")
+    except (OSError, MemoryError):
+        pass
+(leak / "uid").write_text(str(os.getuid()))
+(leak / "limits").write_text(repr([resource.getrlimit(r) for r in (resource.RLIMIT_AS, resource.RLIMIT_NPROC)]))
+tried("build", lambda: os.listdir({build!r}))
+tried("solutions", lambda: os.listdir({solutions!r}))
+tried("results", lambda: open({results!r}, "w").write("{{}}"))
+tried("tcp", lambda: socket.create_connection(("127.0.0.1", {port}), timeout=3).sendall(b"hidden tests"))
+tried("tcp6", lambda: socket.socket(socket.AF_INET6, socket.SOCK_DGRAM))
+tried("packet", lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW))
+tried("memory", lambda: bytearray({memory}).__len__())
+unix = socket.socketpair()  # the kernel's own kind of socket still works
+(leak / "unix").write_text(str(unix[0].family))
+"""
+
+
+@pytest.mark.slow
+def test_without_the_sandbox_student_code_runs_as_an_unprivileged_user_with_no_network_and_the_memory_limit(user_mode):
+    from grader.kernel.limits import Limits
+
+    root, env, uid = user_mode
+    limits = Limits.from_env()
     leak = Path(f"/tmp/tml-leak-{os.getpid()}")
     leak.mkdir(mode=0o777)
     leak.chmod(0o777)
-    source, results_dir = gradescope_root / "source", gradescope_root / "results"
-    probe = (f"import os, pathlib\nleak = pathlib.Path({str(leak)!r})\n(leak / 'uid').write_text(str(os.getuid()))\n"
-             f"for name, target in [('build', {str(source / 'build')!r}), ('solutions', {str(source / 'solutions')!r}),\n"
-             f"                     ('results', {str(results_dir / 'results.json')!r})]:\n"
-             "    try:\n        os.listdir(target) if name != 'results' else open(target, 'w').write('{}')\n"
-             "        (leak / name).write_text('reached')\n    except OSError:\n        pass\n")
-    nb = reference_submission(A)
-    nb.cells.insert(len(nb.cells) - 1, nbformat.v4.new_code_cell(probe))
-    try:
-        results, done, _ = run_autograder(gradescope_root, {f"{ONE}.ipynb": nb}, TML_GRADESCOPE_ISOLATION="user",
-                                          TML_STUDENT_UID=str(uid))
-        assert done.returncode == 0 and results is not None, done.stdout + done.stderr
-        assert results["score"] == 10, results
-        assert (leak / "uid").read_text() == str(uid)  # the probe ran, as that user
-        assert sorted(p.name for p in leak.iterdir()) == ["uid"]  # and reached none of the grader's files
-    finally:
-        shutil.rmtree(leak, ignore_errors=True)
-    assert sys.executable  # (PYTHON is this interpreter)
+    source = root / "source"
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        probe = USER_MODE_PROBE.format(leak=str(leak), build=str(source / "build"), solutions=str(source / "solutions"),
+                                       results=str(root / "results" / "results.json"), memory=limits.memory_bytes,
+                                       port=listener.getsockname()[1])
+        nb = reference_submission(A)
+        nb.cells.insert(len(nb.cells) - 1, nbformat.v4.new_code_cell(probe))
+        try:
+            results, done, _ = run_autograder(root, {f"{ONE}.ipynb": nb}, **env, TML_GRADESCOPE_ISOLATION="user",
+                                              TML_STUDENT_UID=str(uid))
+            assert done.returncode == 0 and results is not None, done.stdout + done.stderr
+            assert results["score"] == 10, results
+            assert (leak / "uid").read_text() == str(uid)  # the probe ran, as that user
+            # and reached none of the grader's files, no network, no memory beyond the limit
+            assert sorted(p.name for p in leak.iterdir()) == ["limits", "uid", "unix"]
+            assert (leak / "limits").read_text() == repr([(limits.address_space_bytes,) * 2, (limits.processes,) * 2])
+            assert (leak / "unix").read_text() == str(socket.AF_UNIX)
+            listener.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                listener.accept()  # nobody connected
+        finally:
+            shutil.rmtree(leak, ignore_errors=True)

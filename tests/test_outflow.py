@@ -406,6 +406,31 @@ def test_messages_carry_no_student_text_and_few_bounded_numbers(records):
 
 
 @pytest.mark.slow
+def test_a_kill_note_names_the_course_limit_never_what_the_hand_in_held(capsys):
+    """The watchdog's note once named five figures the hand-in sized (tmpfs, System V, memfd, ...): ~45 bits per
+    dead scenario. What it held and how long it ran must not change the words: outflow.KILL_NOTES counts them."""
+    from itertools import product
+    from types import SimpleNamespace
+
+    from grader.kernel.memwatch import MemoryWatch, Usage
+    from grader.kernel.pid1 import _cpu_reason
+    from grader.kernel.protocol import SandboxLimits
+
+    limits = SandboxLimits(memory_bytes=2**32, cpu_seconds=600)  # type: ignore[typeddict-item]
+    watch, mib = MemoryWatch(limits["memory_bytes"]), 2**20
+    held = [Usage({"processes": p * mib, "System V IPC": v * mib, "memfd": m * mib, "tmpfs": t * mib,
+                   "socket buffers": b * mib})
+            for p, v, m, t, b in product((3000, 3990, 4100), (0, 50, 64), (0, 51, 300), (0, 49, 512), (0, 7))]
+    memory = {watch.reason(used) for used in held}
+    cpu = {_cpu_reason(code, SimpleNamespace(ru_utime=user, ru_stime=0.25), limits)
+           for code in (-9, -24, 0, 1) for user in (0.0, 599.6, 612.3, 1e4)}
+    assert memory == {"memory limit: the submission used more than the 4.00 GiB limit (watchdog)"}
+    assert cpu == {"", "CPU time limit: 600 s"}
+    assert "System V IPC 50 MiB" in capsys.readouterr().err  # the figures go to the grader's log
+    cgroup = 1  # grader.kernel.sandbox's note names limits.memory_bytes only
+    assert len(memory | cpu) + cgroup <= outflow.KILL_NOTES
+
+
 def test_the_residual_channel_is_what_readme_states(records):
     reference, mistakes = records
     per_test = {test: outflow.residual_bits(len(r.observed), len(mistakes.get(test, {})),

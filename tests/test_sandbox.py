@@ -340,9 +340,15 @@ def test_a_kernel_over_the_memory_limit_dies_and_the_status_says_why(start):
     assert step.failure == DIED and step.reason.startswith("memory limit"), (step.failure, step.reason)
 
 
-def test_memory_in_files_no_process_maps_counts_too(start):
+# What a kernel killed at the memory limit is noted with: the limit only (review F1: the watchdog once named the
+# sizes of five parts the hand-in chose, a channel out of the hidden tests).
+MEMORY_NOTES = ("memory limit: the submission used more than the 1.00 GiB limit (watchdog)",
+                "memory limit: its processes together reached 1.00 GiB (cgroup)")
+
+
+def test_memory_in_files_no_process_maps_counts_too(start_either):
     """memfd files belong to no process's resident memory; System V segments, /tmp and /dev/shm are tested above."""
-    step = run(start(), """
+    step = run(start_either(), """
 import os, time
 files = []
 for i in range(80):  # 80 x 15 MiB = 1.2 GB, each under the 16 MiB file limit, together over 1 GiB
@@ -350,7 +356,7 @@ for i in range(80):  # 80 x 15 MiB = 1.2 GB, each under the 16 MiB file limit, t
     os.write(files[-1], b"x" * (15 * 2**20))
 time.sleep(3)
 """, timeout=60)
-    assert step.failure == DIED and step.reason.startswith("memory limit"), (step.failure, step.reason)
+    assert step.failure == DIED and step.reason in MEMORY_NOTES, (step.failure, step.reason)
 
 
 HOLDER = "import sys, time\nb = b'x' * (400 * 2**20)\nprint('held', flush=True)\ntime.sleep(60)"

@@ -1,5 +1,6 @@
 """The sandbox's and the worker's parts that need no kernel: wire types, the seccomp policy, socket accounting, bounds."""
 
+import errno
 import json
 import struct
 import subprocess
@@ -67,6 +68,40 @@ def test_socket_buffers_are_read_from_sock_diag():
     before, queued, after = json.loads(done.stdout)
     # before: only the query's own netlink socket, holding its replies
     assert before < 2**20 and after - before >= queued > 0, (before, queued, after)
+
+
+SOCKETS_UNDER_THE_FILTER_WITHOUT_NETWORK = """
+import ctypes, json, socket
+from grader.kernel import seccomp
+assert ctypes.CDLL(None).prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS: an unprivileged process may load a filter
+seccomp.build(network=False).load()
+opened = {}
+for name, family, kind, protocol in [("unix", socket.AF_UNIX, socket.SOCK_STREAM, 0),
+                                     ("route", socket.AF_NETLINK, socket.SOCK_RAW, 0),
+                                     ("inet", socket.AF_INET, socket.SOCK_STREAM, 0),
+                                     ("udp", socket.AF_INET, socket.SOCK_DGRAM, 0),
+                                     ("inet6", socket.AF_INET6, socket.SOCK_STREAM, 0),
+                                     ("packet", socket.AF_PACKET, socket.SOCK_DGRAM, 0),
+                                     ("sock_diag", socket.AF_NETLINK, socket.SOCK_RAW, 4),
+                                     ("usersock", socket.AF_NETLINK, socket.SOCK_RAW, 2)]:
+    try:
+        socket.socket(family, kind, protocol).close()
+        opened[name] = "opened"
+    except OSError as exc:
+        opened[name] = exc.errno
+print(json.dumps(opened))
+"""
+
+
+@pytest.mark.integration  # a Python process that loads the filter
+def test_without_network_only_unix_and_route_netlink_sockets_open():
+    """Gradescope's `user` isolation (grader/platforms/student_kernel.py) has no network namespace: the filter
+    refuses socket() for every family but AF_UNIX and NETLINK_ROUTE (zmq needs it to bind; it reaches no network)."""
+    done = subprocess.run([sys.executable, "-c", SOCKETS_UNDER_THE_FILTER_WITHOUT_NETWORK], capture_output=True,
+                          text=True, check=True)
+    refused = errno.EPERM
+    assert json.loads(done.stdout) == {"unix": "opened", "route": "opened", "inet": refused, "udp": refused,
+                                       "inet6": refused, "packet": refused, "sock_diag": refused, "usersock": refused}
 
 
 def test_meminfo_attribute_parsing():

@@ -82,7 +82,12 @@ class Graded:
 def coarse(seconds: dict[str, float]) -> dict[str, float]:
     """Timings as results.json keeps them: 2 significant digits (a hand-in's scenarios choose how long they take,
     so a precise time would be a channel out of the kernel; grader/judge/outflow.py counts what this one carries)."""
-    return {stage: float(f"{max(value, 0.0):.2g}") for stage, value in seconds.items()}
+    return {stage: two_digits(value) for stage, value in seconds.items()}
+
+
+def two_digits(seconds: float) -> float:
+    """One timing as results.json keeps it (see coarse)."""
+    return float(f"{max(seconds, 0.0):.2g}")
 
 
 def plan(nb: nbformat.NotebookNode, assignment: Assignment, *, reference: bool = False) -> list[Step]:

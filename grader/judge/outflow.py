@@ -42,11 +42,15 @@ BITS_PER_NUMBER = math.log2(2 * 9 * 10 ** (DIGITS - 1) * 700 + 4)
 MAX_NUMBERS = 4
 TEMPLATES = 64
 # How a scenario can stop instead of ending: timeout, timeout and killed, too much output, no result, more than one,
-# unreadable, for another test, cut short, not run; or the kernel died, without a reason, at the CPU limit, or at
-# the memory limit with the amount it held (the sandbox writes it with 3 digits, in MiB or GiB: ~1,500 figures).
-FAILURE_STATES = 9 + 2 + 1_500
-# results.json's timings: five stages after the first scenario, each to 2 significant digits in 0.001 s … 10**4 s.
-TIMING_BITS = 5 * math.log2(7 * 90 + 1)
+# unreadable, for another test, cut short, not run; or the kernel died, without a reason or with the limit that
+# killed it: CPU time, memory (cgroup), memory (watchdog). A kill note names the course's limit only, never what the
+# hand-in held or spent (tests/test_outflow.py checks that those never change its words).
+STOPS = 9
+KILL_NOTES = 1 + 3
+FAILURE_STATES = STOPS + KILL_NOTES
+# Timings after the first scenario, each to 2 significant digits in 0.001 s … 10**4 s: results.json's five stages
+# and Gradescope's execution_time (the whole run's, grader/platforms/gradescope.py).
+TIMING_BITS = (5 + 1) * math.log2(7 * 90 + 1)
 
 
 def number(value: float | int) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import sys
 import time
 
 
@@ -135,6 +136,13 @@ class MemoryWatch:
     def _scan(self, pids: list[int]) -> None:
         if time.monotonic() - self.scanned > self.SCAN_S:
             self.memfd, self.sockets, self.scanned = _memfd_bytes(pids), socket_bytes(), time.monotonic()
+
+    def reason(self, used: Usage) -> str:
+        """The status when the watchdog killed the submission: the course's limit only. What it held is the
+        student's to choose (a channel out of a hidden scenario, grader/judge/outflow.py): the figures go to
+        the grader's log only."""
+        print(f"grader: memory limit: the submission held {size_text(used)} ({used.what})", file=sys.stderr)
+        return f"memory limit: the submission used more than the {size_text(self.limit)} limit (watchdog)"
 
     def over(self) -> Usage | None:
         """None, or what the submission holds when that is above the limit."""

@@ -16,7 +16,7 @@ import socket
 import struct
 
 from grader.kernel import confine
-from grader.kernel.memwatch import MemoryWatch, size_text
+from grader.kernel.memwatch import MemoryWatch
 from grader.kernel.protocol import Handshake, Request, SandboxLimits
 from grader.kernel.syscalls import (
     MNT_DETACH,
@@ -160,8 +160,7 @@ def _watch(kernel: _Kernel, request: Request, watch: MemoryWatch | None) -> str:
             return ""
         _reap_orphans(kernel.pid)
         if watch and (used := watch.over()):
-            return f"memory limit: the submission held {size_text(used)}, more than {size_text(watch.limit)} " \
-                   f"({used.what})"
+            return watch.reason(used)
 
 
 def _cpu_reason(code: int, usage: object, limits: SandboxLimits) -> str:

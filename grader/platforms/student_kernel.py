@@ -5,8 +5,17 @@ be built (a container that forbids user namespaces), as Gradescope's best practi
 grader/platforms/gradescope.py writes names it), hands the kernel's folder to the user, becomes that user with no
 supplementary groups and no way to regain privileges, stops whatever an earlier kernel of that user left running,
 and becomes the kernel. The grader's files that matter (solutions/, build/ with the reference records, grader/, the
-results folder) are not readable by that user (`gradescope.prepare` and `gradescope.run` set that). Unlike the
-sandbox, nothing limits memory or the network here: the container is the limit. Standard library only.
+results folder) are not readable by that user (`gradescope.prepare` and `gradescope.run` set that).
+
+It then confines the kernel as far as an unprivileged process can: the sandbox's per-process limits (address
+space, processes and threads of the user, CPU time, file size; grader/kernel/limits.py) and the sandbox's seccomp
+filter (grader/kernel/seccomp.py, through pyseccomp: so no longer standard library only; the grading environment
+has it, and everything the user cannot read is imported as root first) with socket() refused for every family but
+AF_UNIX and NETLINK_ROUTE: no network at all (the kernel's own sockets are ipc ones,
+grader.judge.grading.plain_kernel_factory). Where NETWORK_ENV is set (notebook 07: gloo's ranks meet over loopback
+TCP, which seccomp cannot tell from any other address) the families stay as in the sandbox. What stays open
+(README, Gradescope): the network on 07, memory beyond one process's limit (many processes together), the
+container's other files.
 """
 
 from __future__ import annotations
@@ -14,13 +23,19 @@ from __future__ import annotations
 import ctypes
 import os
 import pwd
+import resource
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from grader.kernel.limits import Limits
 
 USER = "tml-student"  # created by setup.sh
 UID_ENV = "TML_STUDENT_UID"  # a uid to use where that user does not exist (a local run)
 PR_SET_NO_NEW_PRIVS = 38
+NETWORK_ENV = "TML_STUDENT_NETWORK"  # "inet": the kernel may open network sockets (set by the grader, for 07)
 
 
 def student() -> tuple[int, int]:
@@ -56,8 +71,24 @@ def become_student(connection_file: str) -> None:
     os.environ.update(HOME=str(folder), USER=USER, LOGNAME=USER, MPLCONFIGDIR=str(folder / ".matplotlib"))
 
 
+def confine(syscalls: object, limits: Limits) -> None:
+    """The sandbox's per-process `limits`, then `syscalls` (seccomp.build's filter) for this process and all it
+    starts; both made as root (grader/ is unreadable to the user). After become_student: no_new_privs lets an
+    unprivileged process load a filter."""
+    for kind, value in ((resource.RLIMIT_AS, limits.address_space_bytes), (resource.RLIMIT_NPROC, limits.processes),
+                        (resource.RLIMIT_CPU, limits.cpu_seconds), (resource.RLIMIT_FSIZE, limits.file_bytes)):
+        resource.setrlimit(kind, (value, value))
+    syscalls.load()  # type: ignore[attr-defined]
+
+
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         raise SystemExit(__doc__)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # started by path: the grader of this tree
+    from grader.kernel import seccomp
+    from grader.kernel.limits import Limits
+
+    syscalls = seccomp.build(network=os.environ.get(NETWORK_ENV) == "inet")
     become_student(sys.argv[1])
+    confine(syscalls, Limits.from_env())
     os.execv(sys.executable, [sys.executable, "-m", "ipykernel_launcher", "-f", sys.argv[1]])

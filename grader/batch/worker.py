@@ -125,19 +125,22 @@ def cells_of(raw: object) -> nbformat.NotebookNode:
 
 
 _FORKSERVER: sandbox.ForkServer | None = None
+_KERNELS: kernelspec.KernelsAhead | None = None
 _CANARY_PASSED: set[str] = set()
 
 
-def _forkserver() -> sandbox.ForkServer:
-    """This worker's fork server, started on first use and kept for every later submission."""
-    global _FORKSERVER
-    if _FORKSERVER is None:
+def _sandboxed_kernels() -> kernelspec.KernelsAhead:
+    """This worker's fork server and its kernels, started on first use and kept for every later submission: each
+    kernel starts while the submission before it grades."""
+    global _FORKSERVER, _KERNELS
+    if _KERNELS is None:
         _FORKSERVER = sandbox.ForkServer()
-    return _FORKSERVER
+        _KERNELS = kernelspec.KernelsAhead(_FORKSERVER)
+    return _KERNELS
 
 
 def _new_kernel(spec: Spec):
-    return kernelspec.kernel_factory(_forkserver()) if spec.sandbox else plain_kernel_factory()
+    return _sandboxed_kernels() if spec.sandbox else plain_kernel_factory()
 
 
 def _canary(assignment, spec: Spec, released: nbformat.NotebookNode) -> str:
@@ -237,6 +240,8 @@ def main() -> int:
             channel.write("done\n")
             channel.flush()
     finally:
+        if _KERNELS is not None:
+            _KERNELS.close()
         if _FORKSERVER is not None:
             _FORKSERVER.close()
     return 0

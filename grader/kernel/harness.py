@@ -86,9 +86,11 @@ class Kernel:
     """One kernel, driven message by message."""
 
     def __init__(self, manager: KernelManager, startup_timeout: float = 120, scratch: str = "",
-                 exit_reason: Callable[[], str] | None = None, **start: object) -> None:
+                 exit_reason: Callable[[], str] | None = None, stopped: Callable[[], None] | None = None,
+                 **start: object) -> None:
         self.manager = manager
         self.scratch = scratch  # a folder of the kernel's own, removed when it stops
+        self.stopped = stopped or (lambda: None)  # what cleans up after it once it stopped (its sandbox's folder)
         # after the kernel died: which limit killed it ("memory limit: …"), or "" when nothing says
         self.exit_reason = exit_reason or (lambda: "")
         manager.start_kernel(**start)
@@ -185,6 +187,7 @@ class Kernel:
             self.manager.cleanup_resources()
             if self.scratch:
                 shutil.rmtree(self.scratch, ignore_errors=True)
+            self.stopped()
 
     def run(self, code: str, timeout: float, store_history: bool = True) -> StepRun:
         """Execute `code`; stop it after `timeout` seconds (interrupt, then kill)."""

@@ -14,13 +14,19 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from grader.kernel import launcher
 from grader.kernel.launcher import FORKSERVER_ENV, REQUEST_ENV
 from grader.kernel.limits import Limits
 from grader.kernel.protocol import Request
 from grader.kernel.sandbox import FORKSERVER, ForkServer, sandbox_request
+
+if TYPE_CHECKING:
+    from grader.kernel.harness import Kernel
 
 KERNEL_NAME = "course-sandbox"
 
@@ -52,21 +58,72 @@ def install_kernelspec(prefix: str = sys.prefix) -> Path:
     return folder
 
 
-def kernel_factory(server: ForkServer):
-    """Kernels forked by `server`, one sandboxed kernel per call (grader.kernel.harness.Kernel)."""
+def kernel_factory(server: ForkServer, release: Callable[[Path], None] | None = None) -> Callable[[], Kernel]:
+    """Kernels forked by `server`, one sandboxed kernel per call (grader.kernel.harness.Kernel).
+
+    `release`: a kernel may start while earlier ones still run (KernelsAhead); each one's socket folder goes to
+    `release` once it stopped."""
     from jupyter_client import KernelManager
 
     from grader.kernel.harness import Kernel
 
     def start() -> Kernel:
-        folder = server.next_runtime()
+        folder = server.next_runtime(alongside=release is not None)
         # ipc sockets in the folder the sandbox binds: TCP cannot cross its network namespace.
         manager = KernelManager(kernel_name=KERNEL_NAME, transport="ipc", ip=str(folder / "kernel"))
         manager.connection_file = str(folder / "host-connection.json")
         env = {**os.environ, FORKSERVER_ENV: str(server.control), REQUEST_ENV: str(folder.with_suffix(".request.json"))}
-        return Kernel(manager, env=env, exit_reason=lambda: server.exit_reason(folder))
+        return Kernel(manager, env=env, exit_reason=lambda: server.exit_reason(folder),
+                      stopped=(lambda: release(folder)) if release is not None else None)
 
     return start
+
+
+class KernelsAhead:
+    """Sandboxed kernels, each started while the one before it is in use: a submission gets a kernel that is ready.
+
+    Each is a fresh sandbox of its own (namespaces, root, socket folder, cgroup), forked by the server, which never
+    runs student code: the kernel started ahead sees nothing of the one in use, nor that one of it. One that died
+    while it waited is not handed out. What a stopped kernel leaves is cleaned up in the same background thread
+    (ForkServer.release: the sandbox's teardown is no submission's wait).
+    """
+
+    def __init__(self, server: ForkServer) -> None:
+        self._server = server
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kernel-ahead")
+        self._start = kernel_factory(server, release=self._release)
+        self._ahead: Future[Kernel] | None = None
+
+    def __call__(self) -> Kernel:
+        ahead, self._ahead = self._ahead, None
+        kernel = _started(ahead)
+        if kernel is None:
+            kernel = self._start()
+        self._ahead = self._pool.submit(self._start)
+        return kernel
+
+    def _release(self, folder: Path) -> None:
+        self._pool.submit(self._server.release, folder)
+
+    def close(self) -> None:
+        """Stop the kernel started ahead (waiting for it to finish starting) and clean up after every kernel."""
+        ahead, self._ahead = self._ahead, None
+        kernel = _started(ahead)
+        if kernel is not None:
+            kernel.stop()
+        self._pool.shutdown()
+
+
+def _started(ahead: Future[Kernel] | None) -> Kernel | None:
+    """The kernel started ahead when it started and is alive; None otherwise (a dead one is stopped)."""
+    try:
+        kernel = ahead.result() if ahead is not None else None
+    except Exception:  # the caller starts one now, the usual way, and meets the error there
+        return None
+    if kernel is not None and not kernel.alive():
+        kernel.stop()
+        return None
+    return kernel
 
 
 def launch(connection_file: str) -> None:

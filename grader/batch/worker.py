@@ -10,6 +10,7 @@ that submission and starts a new worker.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -143,10 +144,20 @@ def _new_kernel(spec: Spec):
     return _sandboxed_kernels() if spec.sandbox else plain_kernel_factory()
 
 
+@functools.lru_cache(maxsize=8)
+def _references(name: str, template: str, timeout: int) -> tuple[dict, dict]:
+    """The reference records and known mistakes of the assignment released in `template`, read once per worker
+    (the files they are cached in are keyed by everything they depend on; none of it changes during a batch)."""
+    assignment = assignment_named(name)
+    released = nbformat.read(Path(template) / "release" / name / assignment.notebook, as_version=4)
+    return (reference_records(assignment, plain_kernel_factory(), timeout, released),
+            known_mistakes(assignment, plain_kernel_factory(), timeout, released=released))
+
+
 def _canary(assignment, spec: Spec, released: nbformat.NotebookNode) -> str:
     """'' once the reference has earned full marks in this worker's environment (checked once per assignment)."""
     if assignment.name not in _CANARY_PASSED:
-        records = reference_records(assignment, plain_kernel_factory(), spec.timeout, released)
+        records = _references(spec.assignment, spec.template, spec.timeout)[0]
         problem = canary(assignment, _new_kernel(spec), spec.timeout, records, released)
         if problem:
             return problem
@@ -185,8 +196,7 @@ def grade(spec: Spec) -> Result:
         result.broken = problem
         return result
     new_kernel = _new_kernel(spec)
-    records = reference_records(assignment, plain_kernel_factory(), spec.timeout, released)
-    mistakes = known_mistakes(assignment, plain_kernel_factory(), spec.timeout, released=released)
+    records, mistakes = _references(spec.assignment, spec.template, spec.timeout)
     started = time.monotonic()
     graded = grade_notebook(rebuilt, assignment, new_kernel, spec.timeout, records, mistakes)
     judged = time.monotonic()

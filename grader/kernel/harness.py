@@ -87,10 +87,11 @@ class Kernel:
 
     def __init__(self, manager: KernelManager, startup_timeout: float = 120, scratch: str = "",
                  exit_reason: Callable[[], str] | None = None, stopped: Callable[[], None] | None = None,
-                 **start: object) -> None:
+                 stop_in: Callable[[Callable[[], None]], object] | None = None, **start: object) -> None:
         self.manager = manager
         self.scratch = scratch  # a folder of the kernel's own, removed when it stops
         self.stopped = stopped or (lambda: None)  # what cleans up after it once it stopped (its sandbox's folder)
+        self.stop_in = stop_in  # where stopping it runs (a background thread's queue); None: in the caller
         # after the kernel died: which limit killed it ("memory limit: …"), or "" when nothing says
         self.exit_reason = exit_reason or (lambda: "")
         manager.start_kernel(**start)
@@ -178,6 +179,12 @@ class Kernel:
         self.manager.shutdown_kernel(now=True)
 
     def stop(self) -> None:
+        if self.stop_in is not None:
+            self.stop_in(self._stop)
+        else:
+            self._stop()
+
+    def _stop(self) -> None:
         try:
             self.client.stop_channels()
             self.client.context.destroy(linger=0)

@@ -58,23 +58,24 @@ def install_kernelspec(prefix: str = sys.prefix) -> Path:
     return folder
 
 
-def kernel_factory(server: ForkServer, release: Callable[[Path], None] | None = None) -> Callable[[], Kernel]:
+def kernel_factory(server: ForkServer, background: Callable[[Callable[[], None]], object] | None = None
+                   ) -> Callable[[], Kernel]:
     """Kernels forked by `server`, one sandboxed kernel per call (grader.kernel.harness.Kernel).
 
-    `release`: a kernel may start while earlier ones still run (KernelsAhead); each one's socket folder goes to
-    `release` once it stopped."""
+    `background` (KernelsAhead): a kernel may start while earlier ones still run, and stopping one, then cleaning
+    up after it (ForkServer.release), is handed to `background`."""
     from jupyter_client import KernelManager
 
     from grader.kernel.harness import Kernel
 
     def start() -> Kernel:
-        folder = server.next_runtime(alongside=release is not None)
+        folder = server.next_runtime(alongside=background is not None)
         # ipc sockets in the folder the sandbox binds: TCP cannot cross its network namespace.
         manager = KernelManager(kernel_name=KERNEL_NAME, transport="ipc", ip=str(folder / "kernel"))
         manager.connection_file = str(folder / "host-connection.json")
         env = {**os.environ, FORKSERVER_ENV: str(server.control), REQUEST_ENV: str(folder.with_suffix(".request.json"))}
         return Kernel(manager, env=env, exit_reason=lambda: server.exit_reason(folder),
-                      stopped=(lambda: release(folder)) if release is not None else None)
+                      stopped=(lambda: server.release(folder)) if background is not None else None, stop_in=background)
 
     return start
 
@@ -84,14 +85,13 @@ class KernelsAhead:
 
     Each is a fresh sandbox of its own (namespaces, root, socket folder, cgroup), forked by the server, which never
     runs student code: the kernel started ahead sees nothing of the one in use, nor that one of it. One that died
-    while it waited is not handed out. What a stopped kernel leaves is cleaned up in the same background thread
-    (ForkServer.release: the sandbox's teardown is no submission's wait).
+    while it waited is not handed out. Kernels are stopped, and cleaned up after, in the same background thread
+    (the sandbox's teardown is no submission's wait).
     """
 
     def __init__(self, server: ForkServer) -> None:
-        self._server = server
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kernel-ahead")
-        self._start = kernel_factory(server, release=self._release)
+        self._start = kernel_factory(server, background=self._pool.submit)
         self._ahead: Future[Kernel] | None = None
 
     def __call__(self) -> Kernel:
@@ -101,9 +101,6 @@ class KernelsAhead:
             kernel = self._start()
         self._ahead = self._pool.submit(self._start)
         return kernel
-
-    def _release(self, folder: Path) -> None:
-        self._pool.submit(self._server.release, folder)
 
     def close(self) -> None:
         """Stop the kernel started ahead (waiting for it to finish starting) and clean up after every kernel."""

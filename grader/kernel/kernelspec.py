@@ -85,13 +85,14 @@ class KernelsAhead:
 
     Each is a fresh sandbox of its own (namespaces, root, socket folder, cgroup), forked by the server, which never
     runs student code: the kernel started ahead sees nothing of the one in use, nor that one of it. One that died
-    while it waited is not handed out. Kernels are stopped, and cleaned up after, in the same background thread
-    (the sandbox's teardown is no submission's wait).
+    while it waited is not handed out. Kernels are stopped, and cleaned up after, in a background thread of their
+    own (the sandbox's teardown is no submission's wait, nor does the next start wait for it).
     """
 
     def __init__(self, server: ForkServer) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kernel-ahead")
-        self._start = kernel_factory(server, background=self._pool.submit)
+        self._starting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kernel-start")
+        self._stopping = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kernel-stop")
+        self._start = kernel_factory(server, background=self._stopping.submit)
         self._ahead: Future[Kernel] | None = None
 
     def __call__(self) -> Kernel:
@@ -99,7 +100,7 @@ class KernelsAhead:
         kernel = _started(ahead)
         if kernel is None:
             kernel = self._start()
-        self._ahead = self._pool.submit(self._start)
+        self._ahead = self._starting.submit(self._start)
         return kernel
 
     def close(self) -> None:
@@ -108,7 +109,8 @@ class KernelsAhead:
         kernel = _started(ahead)
         if kernel is not None:
             kernel.stop()
-        self._pool.shutdown()
+        self._starting.shutdown()
+        self._stopping.shutdown()
 
 
 def _started(ahead: Future[Kernel] | None) -> Kernel | None:

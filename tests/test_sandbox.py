@@ -220,7 +220,24 @@ result["seen"] = [p for p in {[str(REPO / "solutions"), str(REPO / "grader"), st
     assert not Path("/tmp/planted").exists(), "a file written to the sandbox's /tmp reached the host's"
 
 
-def test_nothing_a_kernel_leaves_reaches_the_next_submission(start, server):
+@pytest.fixture(params=["one after another", "started ahead"])
+def start_next(request, server):
+    """Kernels as a worker gets them: started when asked, or each started while the one before is in use
+    (kernelspec.KernelsAhead); yields (start, finish), finish stopping what was started ahead."""
+    if request.param == "one after another":
+        new, started = _starter(server)
+        yield new, lambda: None
+        for kernel in started:
+            kernel.stop()
+    else:
+        ahead = kernelspec.KernelsAhead(server)
+        yield ahead, ahead.close
+        ahead.close()
+
+
+def test_nothing_a_kernel_leaves_reaches_the_next_submission(start_next, server):
+    start, finish = start_next
+    before = set(server.runtime.iterdir())
     first = start()
     planted = ask(first, ATTEMPT + """
 import subprocess, time
@@ -263,6 +280,9 @@ result = {
 """)
     assert found == {"trapped": False, "startup": False, "files": [], "shm": -1, "processes": [1, 2], "keys": []}, found
     second.stop()
+    finish()
+    if isinstance(start, kernelspec.KernelsAhead):  # each cleaned up after as it stops (else by the next start)
+        assert set(server.runtime.iterdir()) <= before, "a stopped kernel left its socket folder"
     server.next_runtime()  # waits until the server has cleaned up after the last kernel
     assert descendants(server.process.pid) == [], "processes of earlier submissions are still running on the host"
 

@@ -10,6 +10,7 @@ that submission and starts a new worker.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -125,25 +126,38 @@ def cells_of(raw: object) -> nbformat.NotebookNode:
 
 
 _FORKSERVER: sandbox.ForkServer | None = None
+_KERNELS: kernelspec.KernelsAhead | None = None
 _CANARY_PASSED: set[str] = set()
 
 
-def _forkserver() -> sandbox.ForkServer:
-    """This worker's fork server, started on first use and kept for every later submission."""
-    global _FORKSERVER
-    if _FORKSERVER is None:
+def _sandboxed_kernels() -> kernelspec.KernelsAhead:
+    """This worker's fork server and its kernels, started on first use and kept for every later submission: each
+    kernel starts while the submission before it grades."""
+    global _FORKSERVER, _KERNELS
+    if _KERNELS is None:
         _FORKSERVER = sandbox.ForkServer()
-    return _FORKSERVER
+        _KERNELS = kernelspec.KernelsAhead(_FORKSERVER)
+    return _KERNELS
 
 
 def _new_kernel(spec: Spec):
-    return kernelspec.kernel_factory(_forkserver()) if spec.sandbox else plain_kernel_factory()
+    return _sandboxed_kernels() if spec.sandbox else plain_kernel_factory()
+
+
+@functools.lru_cache(maxsize=8)
+def _references(name: str, template: str, timeout: int) -> tuple[dict, dict]:
+    """The reference records and known mistakes of the assignment released in `template`, read once per worker
+    (the files they are cached in are keyed by everything they depend on; none of it changes during a batch)."""
+    assignment = assignment_named(name)
+    released = nbformat.read(Path(template) / "release" / name / assignment.notebook, as_version=4)
+    return (reference_records(assignment, plain_kernel_factory(), timeout, released),
+            known_mistakes(assignment, plain_kernel_factory(), timeout, released=released))
 
 
 def _canary(assignment, spec: Spec, released: nbformat.NotebookNode) -> str:
     """'' once the reference has earned full marks in this worker's environment (checked once per assignment)."""
     if assignment.name not in _CANARY_PASSED:
-        records = reference_records(assignment, plain_kernel_factory(), spec.timeout, released)
+        records = _references(spec.assignment, spec.template, spec.timeout)[0]
         problem = canary(assignment, _new_kernel(spec), spec.timeout, records, released)
         if problem:
             return problem
@@ -182,8 +196,7 @@ def grade(spec: Spec) -> Result:
         result.broken = problem
         return result
     new_kernel = _new_kernel(spec)
-    records = reference_records(assignment, plain_kernel_factory(), spec.timeout, released)
-    mistakes = known_mistakes(assignment, plain_kernel_factory(), spec.timeout, released=released)
+    records, mistakes = _references(spec.assignment, spec.template, spec.timeout)
     started = time.monotonic()
     graded = grade_notebook(rebuilt, assignment, new_kernel, spec.timeout, records, mistakes)
     judged = time.monotonic()
@@ -237,6 +250,8 @@ def main() -> int:
             channel.write("done\n")
             channel.flush()
     finally:
+        if _KERNELS is not None:
+            _KERNELS.close()
         if _FORKSERVER is not None:
             _FORKSERVER.close()
     return 0

@@ -3,7 +3,8 @@
 `grader.kernel.sandbox.ForkServer` starts this module (`python -m grader.kernel.forkserver FD`, an ordinary
 process of the grader's user) and hands it a listening Unix socket in a folder only that user can open. The
 server imports what every kernel would import, then serves one connection per submission (a
-`grader.kernel.protocol.Request`). For each one it forks:
+`grader.kernel.protocol.Request`). For each one it forks S, that submission's supervisor (a subreaper, so
+submissions can overlap: the next kernel starts while the last one grades), and S forks:
 
     A  (grader/kernel/newroot.py) joins the submission's cgroups, unshares user, mount, IPC, network, UTS,
        PID and cgroup namespaces, builds a new root (read-only binds of the system, Python, helpers/ and
@@ -19,7 +20,7 @@ server imports what every kernel would import, then serves one connection per su
 
 Nothing a kernel leaves survives it: its files live in tmpfs mounts of its own mount namespace, its
 processes in its PID namespace, its IPC objects in its IPC namespace, its keys in a session keyring of
-its own, and all of them go when B exits. The server and A are outside the kernel's PID namespace, so it
+its own, and all of them go when B exits. The server, S and A are outside the kernel's PID namespace, so it
 cannot signal or trace them, and A closes every descriptor it inherited from the server (the listening
 socket above all) before anything else. The kernel's own stdout and stderr reach the worker's log
 through B, 64 KiB at most.
@@ -183,25 +184,55 @@ def finish_submission(pid: int, pidfd: int, report_r: int, hung_up: bool) -> Rep
     return {"exit": os.waitstatus_to_exitcode(status), "reason": _read_report(report_r)}
 
 
+def _submission(conn: socket.socket, request: Request) -> int:
+    """S, one submission's supervisor (a subreaper: the orphans of its sandbox come here, never to another's):
+    build the sandbox, wait until its kernel exits or the grader hangs up, and answer with the report."""
+    die_with_parent()
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
+    pid, pidfd, report_r = start_submission(request)
+    hung_up = not supervise(conn, pidfd)
+    report = finish_submission(pid, pidfd, report_r, hung_up)
+    if not hung_up:
+        try:
+            conn.sendall((json.dumps(report) + "\n").encode())
+        except OSError:
+            pass
+    return 0
+
+
+def _wait_for(running: dict[int, str], folder: str | None) -> None:
+    """Until the submission of `folder` is gone (None: every submission); reaps whatever else has exited."""
+    for pid, its_folder in list(running.items()):
+        if folder is None or its_folder == folder:
+            os.waitpid(pid, 0)
+            del running[pid]
+    for pid in list(running):
+        if os.waitpid(pid, os.WNOHANG)[0]:
+            del running[pid]
+    if folder is None:
+        _reap_all(time.monotonic() + 30)
+
+
 def serve(listener: socket.socket) -> None:
+    """One connection per request. A kernel's is handed to a supervisor forked for it (S), so that submissions
+    can overlap: the next one's kernel starts while the last one grades, each in a sandbox of its own."""
     me = os.geteuid()
+    running: dict[int, str] = {}  # S's pid -> its submission's socket folder
     while True:
         conn, _ = listener.accept()
         with conn:
             if _peer_uid(conn) not in (me, 0):  # only the grader's user may ask
                 continue
             request = json.loads(conn.makefile().readline() or "{}")
-            if "connection_file" not in request:  # a sync: answer once the last submission is gone
+            if "connection_file" in request:
+                def become_s(conn: socket.socket = conn, request: Request = request) -> int:
+                    listener.close()  # only the server may hold it: a grader's connect fails at once when it dies
+                    return _submission(conn, request)
+
+                running[fork_child(become_s)] = request["folder"]
+            else:  # a sync: answer once that submission (without a folder: every one) is gone
+                _wait_for(running, request.get("folder"))
                 conn.sendall(IDLE)
-                continue
-            pid, pidfd, report_r = start_submission(request)
-            hung_up = not supervise(conn, pidfd)
-            report = finish_submission(pid, pidfd, report_r, hung_up)
-            if not hung_up:
-                try:
-                    conn.sendall((json.dumps(report) + "\n").encode())
-                except OSError:
-                    pass
 
 
 def single(request: Request) -> int:

@@ -33,6 +33,7 @@ RECEIVE_QUEUE = 32  # messages zmq holds unread per socket (RCVHWM); a publisher
 INTERRUPT_GRACE_S = 10.0
 READY_PROBE_S = 0.2  # how long iopub may lag behind the shell reply to a kernel_info request while starting
 MAX_RESTARTS = 3
+BIND_POLL_S = 0.002  # how often a starting kernel's socket files are looked for
 
 
 
@@ -145,15 +146,19 @@ class Kernel:
     """One kernel, driven message by message."""
 
     def __init__(self, manager: KernelManager, startup_timeout: float = 120, scratch: str = "",
-                 exit_reason: Callable[[], str] | None = None, **start: object) -> None:
+                 exit_reason: Callable[[], str] | None = None, stopped: Callable[[], None] | None = None,
+                 stop_in: Callable[[Callable[[], None]], object] | None = None, **start: object) -> None:
         self.manager = manager
         self.scratch = scratch  # a folder of the kernel's own, removed when it stops
+        self.stopped = stopped or (lambda: None)  # what cleans up after it once it stopped (its sandbox's folder)
+        self.stop_in = stop_in  # where stopping it runs (a background thread's queue); None: in the caller
         # after the kernel died: which limit killed it ("memory limit: …"), or "" when nothing says
         self.exit_reason = exit_reason or (lambda: "")
         manager.start_kernel(**start)
         self.client = manager.client()
         try:
             _bound_sockets(self.client.context)  # before any socket of the client exists
+            self._wait_until_bound(startup_timeout)
             # Only what grading reads: no stdin or heartbeat socket that a kernel could fill unread.
             self.client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
             self._wait_until_ready(startup_timeout)
@@ -162,6 +167,24 @@ class Kernel:
             # collector would later block forever terminating their context.
             self.stop()
             raise
+
+    def _wait_until_bound(self, timeout: float) -> None:
+        """Over ipc, wait until the kernel has bound its shell and iopub sockets before connecting to them.
+
+        A connect that comes before the bind is retried only every 0.1 s (zmq's reconnect interval), and while
+        iopub is not connected yet the status of the first kernel_info is lost: READY_PROBE_S more. The socket
+        files appear in the socket folder the moment the kernel binds them (its own or the sandbox's).
+        """
+        if self.manager.transport != "ipc":
+            return
+        paths = [Path(f"{self.manager.ip}-{port}") for port in (self.manager.shell_port, self.manager.iopub_port)]
+        deadline = time.monotonic() + timeout
+        while not all(path.exists() for path in paths):
+            if not self.alive():
+                raise RuntimeError("Kernel died before binding its sockets")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Kernel didn't bind its sockets in {timeout:.0f} seconds")
+            time.sleep(BIND_POLL_S)
 
     def _wait_until_ready(self, timeout: float) -> None:
         """kernel_info until the kernel answers on shell and iopub carries that request's idle status.
@@ -216,6 +239,12 @@ class Kernel:
         self.manager.shutdown_kernel(now=True)
 
     def stop(self) -> None:
+        if self.stop_in is not None:
+            self.stop_in(self._stop)
+        else:
+            self._stop()
+
+    def _stop(self) -> None:
         try:
             self.client.stop_channels()
             self.client.context.destroy(linger=0)
@@ -225,6 +254,7 @@ class Kernel:
             self.manager.cleanup_resources()
             if self.scratch:
                 shutil.rmtree(self.scratch, ignore_errors=True)
+            self.stopped()
 
     def run(self, code: str, timeout: float, store_history: bool = True) -> StepRun:
         """Execute `code`; stop it after `timeout` seconds (interrupt, then kill)."""

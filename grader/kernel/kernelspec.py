@@ -14,13 +14,19 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from grader.kernel import launcher
 from grader.kernel.launcher import FORKSERVER_ENV, REQUEST_ENV
 from grader.kernel.limits import Limits
 from grader.kernel.protocol import Request
 from grader.kernel.sandbox import FORKSERVER, ForkServer, sandbox_request
+
+if TYPE_CHECKING:
+    from grader.kernel.harness import Kernel
 
 KERNEL_NAME = "course-sandbox"
 
@@ -52,21 +58,71 @@ def install_kernelspec(prefix: str = sys.prefix) -> Path:
     return folder
 
 
-def kernel_factory(server: ForkServer):
-    """Kernels forked by `server`, one sandboxed kernel per call (grader.kernel.harness.Kernel)."""
+def kernel_factory(server: ForkServer, background: Callable[[Callable[[], None]], object] | None = None
+                   ) -> Callable[[], Kernel]:
+    """Kernels forked by `server`, one sandboxed kernel per call (grader.kernel.harness.Kernel).
+
+    `background` (KernelsAhead): a kernel may start while earlier ones still run, and stopping one, then cleaning
+    up after it (ForkServer.release), is handed to `background`."""
     from jupyter_client import KernelManager
 
     from grader.kernel.harness import Kernel
 
     def start() -> Kernel:
-        folder = server.next_runtime()
+        folder = server.next_runtime(alongside=background is not None)
         # ipc sockets in the folder the sandbox binds: TCP cannot cross its network namespace.
         manager = KernelManager(kernel_name=KERNEL_NAME, transport="ipc", ip=str(folder / "kernel"))
         manager.connection_file = str(folder / "host-connection.json")
         env = {**os.environ, FORKSERVER_ENV: str(server.control), REQUEST_ENV: str(folder.with_suffix(".request.json"))}
-        return Kernel(manager, env=env, exit_reason=lambda: server.exit_reason(folder))
+        return Kernel(manager, env=env, exit_reason=lambda: server.exit_reason(folder),
+                      stopped=(lambda: server.release(folder)) if background is not None else None, stop_in=background)
 
     return start
+
+
+class KernelsAhead:
+    """Sandboxed kernels, each started while the one before it is in use: a submission gets a kernel that is ready.
+
+    Each is a fresh sandbox of its own (namespaces, root, socket folder, cgroup), forked by the server, which never
+    runs student code: the kernel started ahead sees nothing of the one in use, nor that one of it. One that died
+    while it waited is not handed out. Kernels are stopped, and cleaned up after, in a background thread of their
+    own (the sandbox's teardown is no submission's wait, nor does the next start wait for it).
+    """
+
+    def __init__(self, server: ForkServer) -> None:
+        self._starting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kernel-start")
+        self._stopping = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kernel-stop")
+        self._start = kernel_factory(server, background=self._stopping.submit)
+        self._ahead: Future[Kernel] | None = None
+
+    def __call__(self) -> Kernel:
+        ahead, self._ahead = self._ahead, None
+        kernel = _started(ahead)
+        if kernel is None:
+            kernel = self._start()
+        self._ahead = self._starting.submit(self._start)
+        return kernel
+
+    def close(self) -> None:
+        """Stop the kernel started ahead (waiting for it to finish starting) and clean up after every kernel."""
+        ahead, self._ahead = self._ahead, None
+        kernel = _started(ahead)
+        if kernel is not None:
+            kernel.stop()
+        self._starting.shutdown()
+        self._stopping.shutdown()
+
+
+def _started(ahead: Future[Kernel] | None) -> Kernel | None:
+    """The kernel started ahead when it started and is alive; None otherwise (a dead one is stopped)."""
+    try:
+        kernel = ahead.result() if ahead is not None else None
+    except Exception:  # the caller starts one now, the usual way, and meets the error there
+        return None
+    if kernel is not None and not kernel.alive():
+        kernel.stop()
+        return None
+    return kernel
 
 
 def launch(connection_file: str) -> None:

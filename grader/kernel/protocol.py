@@ -1,8 +1,8 @@
 """The fork server's wire formats as named types; standard library only (the sandbox's side imports it).
 
-- The worker's control connection: one JSON line, a `Request` (build a sandbox and start a kernel) or `{}`
-  (a sync: the server answers `IDLE` once the last submission is gone); after a kernel exits, one JSON
-  line `Report` back.
+- The worker's control connection: one JSON line, a `Request` (build a sandbox and start a kernel) or a sync,
+  `{}` (the server answers `IDLE` once every submission is gone) or `{"folder": F}` (once the submission of
+  socket folder F is gone; at once when there is none); after a kernel exits, one JSON line `Report` back.
 - The one-byte pipe handshakes between the server and a submission's stages (`Handshake`).
 """
 
@@ -53,7 +53,8 @@ class Report(TypedDict):
 
 
 class Handshake(bytes, enum.Enum):
-    """The one-byte messages on the pipes between the server (S), A, B (PID 1) and the kernel C."""
+    """The one-byte messages on the pipes between a submission's supervisor S (forked by the server), A, B (PID 1)
+    and the kernel C."""
 
     UNSHARED = b"u"  # A -> S: my user namespace exists, write its id maps
     MAPPED = b"m"  # S -> A: the maps are written

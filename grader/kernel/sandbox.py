@@ -31,6 +31,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import asdict
 from pathlib import Path
 
@@ -143,9 +144,11 @@ def sweep_stale_folders() -> int:
 class ForkServer:
     """The worker's warm process (grader/kernel/forkserver.py); it builds a fresh sandbox for each kernel it forks.
 
-    One kernel at a time: `next_runtime` waits until everything of the last submission is gone, removes
-    its socket folder and cgroup, and prepares the next ones. The kernelspec launcher finds the server
-    and the request through grader.kernel.kernelspec's FORKSERVER_ENV and REQUEST_ENV variables.
+    `next_runtime` waits until everything of the earlier submissions is gone, removes their socket folders and
+    cgroups, and prepares the next ones; or, for a kernel started ahead while the last one still grades
+    (grader.kernel.kernelspec.KernelsAhead), prepares them beside it, and `release` cleans up after each one.
+    The kernelspec launcher finds the server and the request through grader.kernel.kernelspec's FORKSERVER_ENV
+    and REQUEST_ENV variables.
     """
 
     def __init__(self) -> None:
@@ -157,6 +160,8 @@ class ForkServer:
         self.control = self.folder / "control.sock"
         self.process: subprocess.Popen | None = None
         self.submissions = 0
+        self.released = 0  # the cgroups of submissions up to this one are removed
+        self._lock = threading.Lock()  # the kernel started ahead asks from another thread
         self.limits = Limits.from_env()
         self.cgroups = MemoryCgroups.detect(f"{os.getpid()}-{self.folder.name[-8:]}")
         if self.cgroups is not None:
@@ -189,31 +194,51 @@ class ForkServer:
             return conn.makefile().readline().strip()
 
     def _clean(self) -> None:
-        """Remove the last submission's socket folder, request, exit report and cgroup."""
+        """Remove every earlier submission's socket folder, request, exit report and cgroup."""
         for entry in self.runtime.iterdir():
             remove_tree(entry)
-        if self.cgroups is not None and self.submissions:
-            self.cgroups.remove(str(self.submissions))
+        if self.cgroups is not None:
+            for name in range(self.released + 1, self.submissions + 1):
+                self.cgroups.remove(str(name))
+        self.released = self.submissions
 
-    def next_runtime(self, timeout: float = 120) -> Path:
-        """Wait until the last submission is gone (restarting the server if it died or hangs); a fresh socket folder."""
-        try:
-            if self.process is None or self.process.poll() is not None:
-                raise ConnectionError("not running")
-            answer = self._ask({}, timeout)
-        except OSError:
-            answer = ""
-        if answer != IDLE_ANSWER:
-            self._start()
-            if self._ask({}, timeout) != IDLE_ANSWER:
-                raise RuntimeError("the grading sandbox did not start: see the worker log")
-        self._clean()
-        self.submissions += 1
-        folder = self.runtime / f"submission-{self.submissions}"
+    def next_runtime(self, timeout: float = 120, alongside: bool = False) -> Path:
+        """A fresh socket folder (and cgroup) for the next kernel, the server restarted if it died or hangs.
+
+        First every earlier submission must be gone, and is cleaned up after; `alongside`: the kernel being graded
+        runs on (the next one starts ahead of its turn, KernelsAhead), and `release` cleans up after each.
+        """
+        with self._lock:
+            try:
+                if self.process is None or self.process.poll() is not None:
+                    raise ConnectionError("not running")
+                answer = self._ask({"folder": ""} if alongside else {}, timeout)
+            except OSError:
+                answer = ""
+            if answer != IDLE_ANSWER:
+                self._start()
+                if self._ask({}, timeout) != IDLE_ANSWER:
+                    raise RuntimeError("the grading sandbox did not start: see the worker log")
+            if not alongside:
+                self._clean()
+            self.submissions += 1
+            name = str(self.submissions)
+        folder = self.runtime / f"submission-{name}"
         _own_folder(folder)
-        cgroups = self.cgroups.create(str(self.submissions), self.limits.memory_bytes) if self.cgroups else []
+        cgroups = self.cgroups.create(name, self.limits.memory_bytes) if self.cgroups else []
         folder.with_suffix(".request.json").write_text(json.dumps(sandbox_request(folder, cgroups, self.limits)))
         return folder
+
+    def release(self, folder: Path, timeout: float = 60) -> None:
+        """Once the submission of `folder` is gone (its kernel was stopped), remove its files and cgroup."""
+        try:
+            self._ask({"folder": str(folder)}, timeout)
+        except OSError:  # the server is gone, and with it every submission
+            pass
+        for path in (folder, folder.with_suffix(".request.json"), folder.with_suffix(".exit.json")):
+            remove_tree(path)
+        if self.cgroups is not None:
+            self.cgroups.remove(folder.name.removeprefix("submission-"))
 
     def exit_reason(self, folder: Path) -> str:
         """Why the kernel of `folder` died, when a limit killed it; '' otherwise (or while it runs)."""
@@ -237,8 +262,7 @@ class ForkServer:
 
     def close(self) -> None:
         self.stop()
-        if self.cgroups is not None and self.submissions:
-            self.cgroups.remove(str(self.submissions))
+        self._clean()
         remove_tree(self.folder)
 
 

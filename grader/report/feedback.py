@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import functools
 import html
 import re
 from pathlib import Path
@@ -119,8 +120,10 @@ def _cells(notebook: nbformat.NotebookNode, graded: Graded, released: bool = Tru
     return shown
 
 
+@functools.lru_cache(maxsize=1024)
 def _prose(markdown: str) -> str:
-    """The release's own markdown as HTML, without images from elsewhere (the page fetches nothing)."""
+    """The release's own markdown as HTML, without images from elsewhere (the page fetches nothing); rendered once
+    per worker (every hand-in shows the same prose)."""
     return REMOTE_IMAGE.sub("", str(mistune.html(markdown)))
 
 

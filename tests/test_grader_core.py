@@ -540,3 +540,21 @@ def test_a_helper_skipped_by_the_own_cells_budget_is_named_in_the_hint(monkeypat
     assert "NameError" in message and f"cell {at + 2} (defines `time`, `_residual`)" in message, message
     assert "budget of 0.5 s" in message and graded.verdicts["critical_lr"].passed
     assert [n.kind for n in run_notes(graded)] == [NoteKind.SKIPPED]
+
+
+def test_a_huge_cell_costs_the_graders_own_process_no_syntax_tree():
+    import tracemalloc
+
+    from grader.kernel import harness
+    from grader.report import similarity
+
+    huge = "def helper():\n    return 1\n" * 200_000  # 5.6 MB: its syntax tree would take gigabytes
+    tracemalloc.start()
+    try:
+        assert not harness.defines_only(huge) and harness.defined_names(huge) == []
+        assert len(similarity.tokens(huge)) < 200_000
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 2**20, f"{peak / 2**20:.0f} MiB to look at one cell"
+    assert harness.defines_only("def helper():\n    return 1\n")  # an ordinary cell is still read

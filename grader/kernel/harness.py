@@ -90,21 +90,34 @@ def _defines(statement: ast.stmt) -> bool:
     return isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)  # a docstring
 
 
+# The largest cell the grader's own process parses (a student's source: its syntax tree takes hundreds of bytes
+# per character, so a 2 MB cell would cost the worker a gigabyte). A longer cell defines nothing as far as the
+# grader can tell: it is never "only definitions", and names no copy of an answer.
+MAX_PARSED_CHARS = 64 * 1024
+
+
+def _statements(source: str) -> list[ast.stmt] | None:
+    """The top-level statements of a student's cell, or None when it does not parse or is too long to parse here."""
+    if len(source) > MAX_PARSED_CHARS:
+        return None
+    try:
+        return ast.parse(source).body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
 def defines_only(source: str) -> bool:
     """Whether a cell only defines things: imports, functions and classes without decorators, names bound to
     constants (no calls). Such a cell of the student's own still runs after own_cells_budget is spent (these
     cells then get one --timeout more together): an answer may use the helper it defines."""
-    try:
-        return all(map(_defines, ast.parse(source).body))
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return False
+    body = _statements(source)
+    return body is not None and all(map(_defines, body))
 
 
 def defined_names(source: str) -> list[str]:
     """The names a cell binds at its top level (functions, classes, imports, assignments), in order."""
-    try:
-        body = ast.parse(source).body
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    body = _statements(source)
+    if body is None:
         return []
     names: list[str] = []
     for statement in body:

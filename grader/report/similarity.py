@@ -52,6 +52,7 @@ COMMON_MIN, COMMON_SHARE = 4, 0.10  # a k-gram in more hand-ins than max(COMMON_
 MAX_LINES = 30  # shared lines shown per cell and side
 KEPT_NAMES = set(dir(builtins)) | {"torch", "np", "numpy", "math", "F", "nn", "optim", "self", "cls"}
 WORDS = re.compile(r"\w+|[^\w\s]")
+MAX_COMPARED_CHARS = 256 * 1024
 METHOD = ("winnowing (Schleimer, Wilkerson and Aiken 2003) over Python tokens with the student's names and strings "
           "normalised; the release's code removed, and code many hand-ins share ignored")
 
@@ -73,7 +74,8 @@ class HandIn:
 
 
 def tokens(source: str) -> list[_Token]:
-    """The cell's tokens, normalised as the module docstring says (step 1)."""
+    """The cell's tokens, normalised as the module docstring says (step 1); of its first MAX_COMPARED_CHARS only."""
+    source = source[:MAX_COMPARED_CHARS]  # a hand-in may hold a 100 MB cell: its tokens would fill the memory
     found: list[_Token] = []
     try:
         stream = list(tokenize.generate_tokens(io.StringIO(source).readline))

@@ -144,3 +144,10 @@ def test_autograde_stops_with_exit_code_2_and_one_line(tmp_path, members):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_a_canvas_like_file_name_inside_a_moodle_folder_is_that_participants(tmp_path):
+    # round 2 of the hostile review: Ada's upload named like Canvas's "<name>_<user>_<submission>_<file>" was filed
+    # as participant 1002's hand-in
+    found, _ = _unpacked(tmp_path, {f"Ada Lovelace_1001_assignsubmission_file_/gauss_1002_1_{A.notebook}": NOTEBOOK})
+    assert set(found) == {("Ada-Lovelace_1001", ONE)}

@@ -236,8 +236,9 @@ def _place(part: tuple[str, ...], known: list[Assignment], content: Callable[[],
         found = notebook_for(name, known) or (assignment_in(content(), known) if name.endswith(".ipynb") else None)
         return found.name if found else ""
 
-    canvas = CANVAS_NAME.match(part[-1]) if len(part) <= 2 else None
     moodle = MOODLE_FOLDER.match(part[0]) if len(part) >= 2 else MOODLE_FLAT.match(part[0])
+    # A file inside a Moodle participant's folder is that participant's, whatever its name (a Canvas-like name too)
+    canvas = CANVAS_NAME.match(part[-1]) if len(part) == 1 or (len(part) == 2 and not moodle) else None
     if moodle and not canvas:  # the participant is Moodle's own folder (or name prefix); whatever the student put below it is not
         if moodle.group("plugin") != "file":
             return _skip(f"Moodle {moodle.group('plugin')} submission, not an uploaded file")

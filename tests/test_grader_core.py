@@ -32,7 +32,7 @@ from grader.judge.judge import (
     judge,
     shown_error,
 )
-from grader.judge.rebuild import ADDED, rebuild
+from grader.judge.rebuild import ADDED, EARLIER_ANSWER_COPY, rebuild
 from grader.judge.scenarios import split
 from grader.kernel import probe
 from grader.kernel.harness import Step, StepRun
@@ -61,7 +61,7 @@ def test_rebuild_restores_deleted_cells_and_grades_the_last_copy_of_an_answer():
     rebuilt, notes = rebuild(submitted, released())
     assert [c.source for c in rebuilt.cells] == ["def helper():\n    return 2", "import torch", "# Exercise",
                                                 "def f(x):\n    return helper() * x", "assert f(1) == 2"]
-    assert rebuilt.cells[0].metadata == {ADDED: True}
+    assert rebuilt.cells[0].metadata == {ADDED: True, EARLIER_ANSWER_COPY: True}  # runs whatever the budget
     assert [n.text for n in notes] == ["tampered: deleted cell setup restored", "tampered: deleted cell f restored"]
     assert {n.kind for n in notes} == {NoteKind.TAMPERED}  # a split cell's halves define different names: no note
 
@@ -74,7 +74,8 @@ def test_a_draft_copied_after_the_answer_is_graded_and_the_status_says_which_cop
     rebuilt, notes = rebuild(submitted, released())
     assert [c.source for c in rebuilt.cells] == ["import torch", "def f(x):\n    return 2 * x", "# Exercise",
                                                 "def f(x):\n    return x  # try", "assert f(1) == 2"]
-    assert rebuilt.cells[1].metadata == {ADDED: True} and rebuilt.cells[3].metadata.nbgrader.solution
+    assert rebuilt.cells[1].metadata == {ADDED: True, EARLIER_ANSWER_COPY: True}
+    assert rebuilt.cells[3].metadata.nbgrader.solution
     [note] = notes
     assert note.kind == NoteKind.ANSWER_COPIED and note.kind.look_at
     assert note.text == ("answer copied: f_answer appears more than once and cells 3 and 5 of your notebook all "
@@ -558,3 +559,20 @@ def test_a_huge_cell_costs_the_graders_own_process_no_syntax_tree():
         tracemalloc.stop()
     assert peak < 64 * 2**20, f"{peak / 2**20:.0f} MiB to look at one cell"
     assert harness.defines_only("def helper():\n    return 1\n")  # an ordinary cell is still read
+
+
+def test_the_first_half_of_a_split_answer_runs_whatever_the_own_cells_budget():
+    from grader.author.mutants import reference_submission
+    from grader.course import assignment_named
+    from grader.judge.grading import plan
+
+    one = assignment_named("01_gradient_descent")
+    submitted = reference_submission(one)
+    at = next(i for i, c in enumerate(submitted.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == "mse_grad_answer")
+    first_half = copy.deepcopy(submitted.cells[at])
+    first_half.source = "def _residual(w, X, y):\n    return X @ w - y"
+    submitted.cells.insert(at, first_half)  # the answer split in two: both halves keep the answer's metadata
+    submitted.cells.insert(at, own_cell("scratch = 1"))
+    rebuilt, _ = rebuild(submitted, nbformat.read(one.release, as_version=4))
+    steps = {step.code: step for step in plan(rebuilt, one)}
+    assert steps["scratch = 1"].added and not steps[first_half.source].added  # only the scratch cell is budgeted

@@ -36,6 +36,7 @@ from grader.judge.judge import (
     overobserved,
     vocabulary,
 )
+from grader.judge.rebuild import EARLIER_ANSWER_COPY
 from grader.judge.reference import reference_submission, released_notebook
 from grader.judge.scenarios import scenarios
 from grader.kernel import harness
@@ -120,7 +121,9 @@ def plan(nb: nbformat.NotebookNode, assignment: Assignment, *, reference: bool =
             steps.append(Step(grade_id, cell.source, by_student=False))
             steps.append(Step(f"{grade_id} (names)", harness.snapshot_code(), by_student=False, history=False))
         elif cell_kind == cells.ADDED:
-            steps.append(Step(f"cell {index + 1}", cell.source, by_student=True, added=True))
+            # an earlier copy or first half of an answer runs whatever the own cells' budget, as the answer does
+            steps.append(Step(f"cell {index + 1}", cell.source, by_student=True,
+                              added=not cell.metadata.get(EARLIER_ANSWER_COPY)))
     return steps + [scenario_steps[test] for test in tests if test in scenario_steps]  # in scenarios()'s order
 
 

@@ -13,6 +13,9 @@ from labkit import cells
 
 # Metadata key the rebuilt notebook puts on cells the student added (code or prose).
 ADDED = "tml_added_by_student"
+# An earlier copy (or first half) of an answer cell: the student's own code, but part of their answer, so it runs
+# whatever the own cells' time budget (grader/kernel/harness.py own_cells_budget)
+EARLIER_ANSWER_COPY = "tml_earlier_answer_copy"
 # Cells a student may add; beyond this the rest are left out (and the status says so).
 MAX_ADDED_CELLS = 500
 
@@ -96,7 +99,8 @@ def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -
         if info.get("grade_id") in answer_ids:
             copies.setdefault(info["grade_id"], []).append(index)
     for index, (cell, info) in enumerate(zip(submitted.cells, infos)):
-        if info.get("grade_id") in answer_ids and copies[info["grade_id"]][-1] != index:
+        earlier_copy = info.get("grade_id") in answer_ids and copies[info["grade_id"]][-1] != index
+        if earlier_copy:
             info = {}  # an earlier copy of an answer: the student's own code, run where it stands
         if not info:
             # The student's own cells: code they added, and prose cells the release does not have.
@@ -105,7 +109,7 @@ def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -
                 if added > MAX_ADDED_CELLS:
                     continue
                 cell = copy.deepcopy(cell)
-                cell["metadata"] = {ADDED: True}  # their metadata means nothing to the grader
+                cell["metadata"] = {ADDED: True, **({EARLIER_ANSWER_COPY: True} if earlier_copy else {})}
                 cell.source = _line_endings(cell.source)
                 extras.setdefault(anchor, []).append(cell)
             continue

@@ -311,9 +311,11 @@ def test_what_counts_as_only_defining_things():
 
     for source in ("import torch\nfrom math import pi as PI", "def f(x, n=-1, *a, k: int | None = None):\n    return g()",
                    'class Net(torch.nn.Module):\n    """doc"""\n    size: int = 3\n    def forward(self, x):\n'
-                   "        return x", "LR = 0.1\nSIZES = (1, 2.5, 'a')\nA, B = 1, 2", "x: 'torch.Tensor'"):
+                   "        return x", "LR = 0.1\nSIZES = (1, 2.5, 'a')\nA, B = 1, 2", "x: 'torch.Tensor'",
+                   "@torch.no_grad()\ndef f():\n    pass", "@functools.cache\ndef f():\n    pass",
+                   "@dataclass(frozen=True)\nclass C:\n    x: int = 0"):
         assert defines_only(source), source
-    for source in ("time.sleep(25)", "x = f()", "def f(x=g()):\n    pass", "@functools.cache\ndef f():\n    pass",
+    for source in ("time.sleep(25)", "x = f()", "def f(x=g()):\n    pass", "@register(make())\ndef f():\n    pass",
                    "x = 10 ** 10 ** 10", "class C(metaclass=M):\n    pass", "class C:\n    f()", "for i in []:\n    pass",
                    "def f(:", "x = [i for i in y]"):
         assert not defines_only(source), source

@@ -70,6 +70,13 @@ def _cheap(node: ast.AST | None) -> bool:
                                for n in ast.walk(node))
 
 
+def _decorator(node: ast.expr) -> bool:
+    """A decorator such as `@staticmethod`, `@dataclass` or `@torch.no_grad()`: a name, or a call of one with
+    arguments made of names and constants (what it runs is bounded by the definitions' extra --timeout)."""
+    return _cheap(node) or (isinstance(node, ast.Call) and _cheap(node.func) and all(map(_cheap, node.args))
+                            and all(_cheap(keyword.value) for keyword in node.keywords))
+
+
 def _defines(statement: ast.stmt) -> bool:
     """Whether a statement only defines a name (what running it costs is next to nothing)."""
     if isinstance(statement, (ast.Import, ast.ImportFrom, ast.Pass)):
@@ -79,9 +86,10 @@ def _defines(statement: ast.stmt) -> bool:
         evaluated = [*args.defaults, *args.kw_defaults, statement.returns,
                      *(a.annotation for a in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
                        if a is not None)]
-        return not statement.decorator_list and all(map(_cheap, evaluated))
+        return all(map(_decorator, statement.decorator_list)) and all(map(_cheap, evaluated))
     if isinstance(statement, ast.ClassDef):
-        return (not statement.decorator_list and not statement.keywords and all(map(_cheap, statement.bases))
+        return (all(map(_decorator, statement.decorator_list)) and not statement.keywords
+                and all(map(_cheap, statement.bases))
                 and all(map(_defines, statement.body)))
     if isinstance(statement, ast.Assign):
         return all(map(_cheap, [*statement.targets, statement.value]))
@@ -107,9 +115,10 @@ def _statements(source: str) -> list[ast.stmt] | None:
 
 
 def defines_only(source: str) -> bool:
-    """Whether a cell only defines things: imports, functions and classes without decorators, names bound to
-    constants (no calls). Such a cell of the student's own still runs after own_cells_budget is spent (these
-    cells then get one --timeout more together): an answer may use the helper it defines."""
+    """Whether a cell only defines things: imports, functions and classes (decorated at most by a name or a call
+    of one with plain arguments), names bound to constants (no other calls). Such a cell of the student's own still
+    runs after own_cells_budget is spent (these cells then get one --timeout more together): an answer may use the
+    helper it defines."""
     body = _statements(source)
     return body is not None and all(map(_defines, body))
 

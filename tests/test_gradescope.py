@@ -90,6 +90,14 @@ def test_a_renamed_notebook_and_its_checkpoint_are_one_notebook(tmp_path):
     assert identify(folder, [])[1] == A  # a zip for every assignment: the notebook says which it is
 
 
+def test_a_notebook_whose_cell_metadata_a_tool_dropped_is_known_by_its_cell_ids(tmp_path):
+    stripped = reference_submission(A)
+    for cell in stripped.cells:
+        cell.metadata = {}  # what some editors and converters keep: the sources and the cell ids
+    folder = hand_in(tmp_path / "submission", {"01_gradient_descent.ipynb": stripped})
+    assert identify(folder, [A]) == (folder / "01_gradient_descent.ipynb", A)
+
+
 def graded_row() -> Result:
     scores = {**FULL, "mse_grad": 0.0, "critical_lr": 0.0}
     return Result("submission", ONE, scores, dict(FULL), [Note(NoteKind.RENAMED, f"renamed: graded {COPY_OF} as {ONE}.ipynb")],

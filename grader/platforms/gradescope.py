@@ -164,15 +164,15 @@ def _files(folder: Path) -> list[Path]:
     return found
 
 
-def _grade_ids(path: Path) -> set[str]:
-    """The nbgrader grade ids in a handed-in notebook; Refused when it is not a readable notebook."""
+def _markers(path: Path) -> set[str]:
+    """The nbgrader grade ids and the cell ids (as "cell:<id>": a tool that drops cell metadata keeps them) in a
+    handed-in notebook; Refused when it is not a readable notebook."""
     try:
         if path.stat().st_size > MAX_BYTES:
             raise Refused(f"{path.name} is larger than {MAX_BYTES // 2**20} MB: hand in the notebook without its outputs")
         raw = json.loads(path.read_bytes().decode("utf-8"))
         cell_list = raw["cells"]
-        return {gid for c in cell_list if isinstance(c, dict) and isinstance(c.get("metadata"), dict)
-                and (gid := cells.nbgrader(c).get("grade_id"))}
+        return _cell_markers([c for c in cell_list if isinstance(c, dict) and isinstance(c.get("metadata"), dict)])
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
         raise Refused(f"{path.name} is not a readable notebook (Jupyter's .ipynb): download it again from your "
                       "notebook (File → Download) and hand that in") from None
@@ -191,8 +191,8 @@ def identify(submission: Path, chosen: list[Assignment]) -> tuple[Path, Assignme
                       f"hand in {expected}.")
     if len(notebooks) > 1:
         raise Refused(f"Your submission has {len(notebooks)} notebooks ({names}): hand in one, {expected}.")
-    ids = _grade_ids(notebooks[0])
-    overlap = {a.name: len(ids & {cells.grade_id(c) for c in _source_cells(a) if cells.nbgrader(c)}) for a in assignments()}
+    ids = _markers(notebooks[0])
+    overlap = {a.name: len(ids & _cell_markers(_source_cells(a))) for a in assignments()}
     best = max(overlap, key=lambda name: overlap[name])
     if not overlap[best]:
         raise Refused(f"{notebooks[0].name} is not one of the course's notebooks (none of its exercise cells is in "
@@ -200,6 +200,11 @@ def identify(submission: Path, chosen: list[Assignment]) -> tuple[Path, Assignme
     if best not in [a.name for a in chosen]:
         raise Refused(f"{notebooks[0].name} is notebook {best}; this assignment grades {expected}.")
     return notebooks[0], assignment_named(best)
+
+
+def _cell_markers(cell_list: list) -> set[str]:
+    return ({gid for c in cell_list if (gid := cells.nbgrader(c).get("grade_id"))}
+            | {f"cell:{c['id']}" for c in cell_list if isinstance(c.get("id"), str) and c["id"]})
 
 
 def _source_cells(assignment: Assignment) -> list:

@@ -151,3 +151,12 @@ def test_a_canvas_like_file_name_inside_a_moodle_folder_is_that_participants(tmp
     # as participant 1002's hand-in
     found, _ = _unpacked(tmp_path, {f"Ada Lovelace_1001_assignsubmission_file_/gauss_1002_1_{A.notebook}": NOTEBOOK})
     assert set(found) == {("Ada-Lovelace_1001", ONE)}
+
+
+def test_a_moodle_download_zipped_again_inside_one_folder_is_still_moodles(tmp_path):
+    # round 2 of the hostile review: the wrapper was taken for one student holding every participant's folder
+    found, _ = _unpacked(tmp_path, {
+        f"downloads/Ada Lovelace_1001_assignsubmission_file_/{A.notebook}": NOTEBOOK,
+        f"downloads/Carl Gauss_1002_assignsubmission_file_/{A.notebook}": NOTEBOOK,
+    })
+    assert set(found) == {("Ada-Lovelace_1001", ONE), ("Carl-Gauss_1002", ONE)}

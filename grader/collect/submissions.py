@@ -169,7 +169,9 @@ def _extract(zf: zipfile.ZipFile, archive: Path, into: Path, known: list[Assignm
     parts = [PurePosixPath(m.filename).parts for m in members]
     tops = {p[0] for p in parts if len(p) > 1}
     wrapped = len(tops) == 1 and not MOODLE_FOLDER.match(next(iter(tops)))  # never a Moodle participant's folder
-    strip = 1 if wrapped and all(len(p) >= 4 for p in parts) else 0
+    # an instructor's zip of <student>/<assignment>/<file>, or of Moodle's download, inside one more folder
+    moodle_inside = all(len(p) >= 3 and MOODLE_FOLDER.match(p[1]) for p in parts)
+    strip = 1 if wrapped and (all(len(p) >= 4 for p in parts) or moodle_inside) else 0
 
     def content(member: zipfile.ZipInfo) -> Callable[[], bytes]:
         return lambda: zf.open(member).read(MAX_NOTEBOOK_BYTES + 1)

@@ -82,6 +82,27 @@ def test_a_draft_copied_after_the_answer_is_graded_and_the_status_says_which_cop
                          "define `f`; the last one, cell 5, was graded, the earlier ones ran as your own cells")
 
 
+@pytest.mark.parametrize("draft", ["%%time\ndef f(x):\n    return x", "for _ in range(1):\n    def f(x):\n        return x",
+                                   "import torch\n!echo try\ndef f(x):\n    return x"])
+def test_a_draft_under_a_magic_or_in_a_block_is_still_a_copy(draft):
+    submitted = released()
+    copied = copy.deepcopy(submitted.cells[2])
+    submitted.cells[2].source, copied.source = "def f(x):\n    return 2 * x", draft
+    submitted.cells.append(copied)
+    _, notes = rebuild(submitted, released())
+    assert [n.kind for n in notes] == [NoteKind.ANSWER_COPIED], draft
+
+
+def test_halves_of_a_split_answer_that_both_import_torch_are_no_copy():
+    submitted = released()
+    second = copy.deepcopy(submitted.cells[2])
+    submitted.cells[2].source = "import torch\ndef helper():\n    return 2"
+    second.source = "import torch\ndef f(x):\n    return helper() * x"
+    submitted.cells.insert(3, second)
+    _, notes = rebuild(submitted, released())
+    assert notes == []
+
+
 def test_a_verbatim_copy_of_a_test_cell_is_left_out_without_a_note_an_edited_one_is_tampering():
     submitted = released()
     submitted.cells[2].source = "def f(x):\n    return 2 * x"

@@ -55,12 +55,14 @@ def _copied_note(grade_id: str, indices: list[int], submitted: nbformat.Notebook
     """The note on an answer cell whose copies define the same names: which copy was graded, what the others did.
 
     None for a cell split in two (its halves define different names: both run, nothing is hidden)."""
-    names = defined_names(normalised(submitted.cells[indices[-1]].source))
-    rivals = [i for i in indices[:-1] if set(names) & set(defined_names(normalised(submitted.cells[i].source)))]
+    def bound(index: int) -> list[str]:  # imports left out: both halves of a split cell may import torch
+        return defined_names(normalised(submitted.cells[index].source), imports=False)
+
+    names = bound(indices[-1])
+    rivals = [i for i in indices[:-1] if set(names) & set(bound(i))]
     if not rivals:
         return None
-    shown = ", ".join(f"`{n}`" for n in names if any(n in defined_names(normalised(submitted.cells[i].source))
-                                                      for i in rivals))
+    shown = ", ".join(f"`{n}`" for n in names if any(n in bound(i) for i in rivals))
     return Note(NoteKind.ANSWER_COPIED,
                 f"answer copied: {grade_id} appears more than once and cells {', '.join(str(i + 1) for i in rivals)} "
                 f"and {indices[-1] + 1} of your notebook all define {shown}; the last one, cell {indices[-1] + 1}, "

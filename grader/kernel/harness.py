@@ -123,21 +123,37 @@ def defines_only(source: str) -> bool:
     return body is not None and all(map(_defines, body))
 
 
-def defined_names(source: str) -> list[str]:
-    """The names a cell binds at its top level (functions, classes, imports, assignments), in order."""
-    body = _statements(source)
-    if body is None:
-        return []
+def defined_names(source: str, imports: bool = True) -> list[str]:
+    """The names a cell binds in the notebook's namespace (functions, classes, imports unless `imports` is False,
+    assignments, also inside `if`/`for`/`with`/`try` blocks and under IPython magics such as `%%time`), in order."""
+    body = _statements(_without_magics(source))
+    return list(dict.fromkeys(_bound(body or [], imports)))
+
+
+def _without_magics(source: str) -> str:
+    """The cell as Python: a leading cell magic's line and every line magic or shell line blanked."""
+    lines = source.splitlines()
+    if lines and lines[0].lstrip().startswith("%%"):
+        lines[0] = ""
+    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in lines)
+
+
+def _bound(statements: list[ast.stmt], imports: bool) -> list[str]:
     names: list[str] = []
-    for statement in body:
+    for statement in statements:
         if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.append(statement.name)
         elif isinstance(statement, (ast.Import, ast.ImportFrom)):
-            names += [alias.asname or alias.name.split(".")[0] for alias in statement.names]
+            names += [alias.asname or alias.name.split(".")[0] for alias in statement.names] if imports else []
         elif isinstance(statement, (ast.Assign, ast.AnnAssign)):
             targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
             names += [n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name)]
-    return list(dict.fromkeys(names))
+        else:  # a block: what its branches bind is bound too (a definition inside `for`, `with`, `if`, `try`)
+            for branch in ("body", "orelse", "finalbody"):
+                names += _bound(getattr(statement, branch, []), imports)
+            for handler in getattr(statement, "handlers", []):
+                names += _bound(handler.body, imports)
+    return names
 
 
 @dataclass(frozen=True)

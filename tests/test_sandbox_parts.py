@@ -163,6 +163,11 @@ def test_a_course_or_class_inside_a_bound_system_folder_is_refused_before_any_ke
     monkeypatch.setattr(sandbox, "ro_binds", lambda: [str(system), str(tmp_path / "etc")])
     inside, outside = system / "src" / "app" / "submissions", tmp_path / "home" / "submissions"
     assert sandbox.exposed([inside, outside]) == [inside]
+    (tmp_path / "linked-usr").symlink_to(system, target_is_directory=True)
+    monkeypatch.setattr(sandbox, "ro_binds", lambda: [str(tmp_path / "linked-usr")])
+    inside.mkdir(parents=True)
+    assert sandbox.exposed([inside, outside]) == [inside]  # the bind's source is a link to the folder that holds it
+    monkeypatch.setattr(sandbox, "ro_binds", lambda: [str(system), str(tmp_path / "etc")])
     with pytest.raises(autograde.SandboxUnavailable, match=f"shows {inside} to student code"):
         autograde._check_sandbox(True, [outside, inside])
     monkeypatch.setattr(sandbox, "why_unavailable", lambda: "")

@@ -59,7 +59,7 @@ def ro_binds() -> list[str]:
 
 def exposed(paths: list[Path]) -> list[Path]:
     """Those of `paths` a kernel could read through a read-only bind (a course kept under /usr/src/app, say)."""
-    binds = [Path(b) for b in ro_binds()]
+    binds = [Path(os.path.realpath(b)) for b in ro_binds()]  # a bind's source may be a link (a linked sys.prefix)
     return [p for p in paths if any(Path(os.path.realpath(p)).is_relative_to(b) for b in binds)]
 
 

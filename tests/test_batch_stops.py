@@ -91,6 +91,8 @@ def test_an_interrupted_batch_stops_at_once_keeps_what_it_graded_and_leaves_noth
     assert "ann" in kept and not (out / "grades.csv").exists()
     for student in ("hang1", "hang2"):  # abandoned: no row, never a zero
         assert student in kept or not (out / ".work" / "results" / student / f"{A.name}.json").exists()
+    if sig == signal.SIGTERM:
+        return  # how a stopped batch is continued does not depend on the signal that stopped it: once is enough
     stamps = {s: (out / ".work" / "results" / s / f"{A.name}.fingerprint").stat().st_mtime_ns for s in kept}
     again = _autograde(archive, out, "-", 0)  # the next run continues from the cache
     assert again["code"] == 0 and again["left"] == [], again

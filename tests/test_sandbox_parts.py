@@ -174,3 +174,19 @@ def test_a_course_or_class_inside_a_bound_system_folder_is_refused_before_any_ke
     monkeypatch.setattr(autograde.kernelspec, "install_kernelspec", lambda: None)
     autograde._check_sandbox(True, [outside])  # the course itself is not under tmp_path/usr
     autograde._check_sandbox(False, [inside])  # --unsandboxed binds nothing
+
+
+def test_a_start_ahead_never_restarts_the_fork_server_under_the_kernel_in_use():
+    # the kernels-ahead review: a restart from the start-ahead thread SIGKILLed the server and with it the kernel
+    # of the hand-in being graded
+    import threading
+
+    from grader.kernel.sandbox import ForkServer
+
+    server = object.__new__(ForkServer)
+    server._lock, server.process = threading.Lock(), None  # the server died (or hangs: _ask fails alike)
+    restarts: list[int] = []
+    server._start = lambda: restarts.append(1)  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="not restarted now"):
+        server.next_runtime(alongside=True, restart=False)
+    assert restarts == []

@@ -219,20 +219,30 @@ def serve(listener: socket.socket) -> None:
     me = os.geteuid()
     running: dict[int, str] = {}  # S's pid -> its submission's socket folder
     while True:
-        conn, _ = listener.accept()
+        try:
+            conn, _ = listener.accept()
+        except OSError as exc:  # EMFILE and the like: this request is lost, the server and its kernels are not
+            print(f"fork server: accept failed: {exc}", file=sys.stderr)
+            time.sleep(0.1)
+            continue
         with conn:
             if _peer_uid(conn) not in (me, 0):  # only the grader's user may ask
                 continue
-            request = json.loads(conn.makefile().readline() or "{}")
-            if "connection_file" in request:
-                def become_s(conn: socket.socket = conn, request: Request = request) -> int:
-                    listener.close()  # only the server may hold it: a grader's connect fails at once when it dies
-                    return _submission(conn, request)
+            try:
+                request = json.loads(conn.makefile().readline() or "{}")
+                if "connection_file" in request:
+                    def become_s(conn: socket.socket = conn, request: Request = request) -> int:
+                        listener.close()  # only the server may hold it: a grader's connect fails at once when it dies
+                        return _submission(conn, request)
 
-                running[fork_child(become_s)] = request["folder"]
-            else:  # a sync: answer once that submission (without a folder: every one) is gone
-                _wait_for(running, request.get("folder"))
-                conn.sendall(IDLE)
+                    running[fork_child(become_s)] = request["folder"]
+                else:  # a sync: answer once that submission (without a folder: every one) is gone
+                    _wait_for(running, request.get("folder"))
+                    conn.sendall(IDLE)
+            except (OSError, ValueError, KeyError) as exc:
+                # a fork refused (the grader's process limit, which sandboxes count against) or a bad request fails
+                # that request only: ending the server would take down every kernel of this worker, the one in use too
+                print(f"fork server: request failed: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def single(request: Request) -> int:

@@ -58,18 +58,19 @@ def install_kernelspec(prefix: str = sys.prefix) -> Path:
     return folder
 
 
-def kernel_factory(server: ForkServer, background: Callable[[Callable[[], None]], object] | None = None
-                   ) -> Callable[[], Kernel]:
+def kernel_factory(server: ForkServer, background: Callable[[Callable[[], None]], object] | None = None,
+                   restart: bool = True) -> Callable[[], Kernel]:
     """Kernels forked by `server`, one sandboxed kernel per call (grader.kernel.harness.Kernel).
 
     `background` (KernelsAhead): a kernel may start while earlier ones still run, and stopping one, then cleaning
-    up after it (ForkServer.release), is handed to `background`."""
+    up after it (ForkServer.release), is handed to `background`. `restart` False: a dead or hung server fails the
+    start instead of being restarted (ForkServer.next_runtime)."""
     from jupyter_client import KernelManager
 
     from grader.kernel.harness import Kernel
 
     def start() -> Kernel:
-        folder = server.next_runtime(alongside=background is not None)
+        folder = server.next_runtime(alongside=background is not None, restart=restart)
         # ipc sockets in the folder the sandbox binds: TCP cannot cross its network namespace.
         manager = KernelManager(kernel_name=KERNEL_NAME, transport="ipc", ip=str(folder / "kernel"))
         manager.connection_file = str(folder / "host-connection.json")
@@ -93,6 +94,8 @@ class KernelsAhead:
         self._starting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kernel-start")
         self._stopping = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kernel-stop")
         self._start = kernel_factory(server, background=self._stopping.submit)
+        # A start ahead never restarts the server: that would kill the kernel in use (a student who did nothing)
+        self._start_ahead = kernel_factory(server, background=self._stopping.submit, restart=False)
         self._ahead: Future[Kernel] | None = None
 
     def __call__(self) -> Kernel:
@@ -100,7 +103,7 @@ class KernelsAhead:
         kernel = _started(ahead)
         if kernel is None:
             kernel = self._start()
-        self._ahead = self._starting.submit(self._start)
+        self._ahead = self._starting.submit(self._start_ahead)
         return kernel
 
     def close(self) -> None:

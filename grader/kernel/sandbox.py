@@ -202,11 +202,13 @@ class ForkServer:
                 self.cgroups.remove(str(name))
         self.released = self.submissions
 
-    def next_runtime(self, timeout: float = 120, alongside: bool = False) -> Path:
+    def next_runtime(self, timeout: float = 120, alongside: bool = False, restart: bool = True) -> Path:
         """A fresh socket folder (and cgroup) for the next kernel, the server restarted if it died or hangs.
 
         First every earlier submission must be gone, and is cleaned up after; `alongside`: the kernel being graded
         runs on (the next one starts ahead of its turn, KernelsAhead), and `release` cleans up after each.
+        `restart` False (a start ahead, while a kernel of this server is in use): a dead or hung server is not
+        restarted — that would kill the kernel in use — but reported; the next start in turn restarts it.
         """
         with self._lock:
             try:
@@ -216,6 +218,9 @@ class ForkServer:
             except OSError:
                 answer = ""
             if answer != IDLE_ANSWER:
+                if not restart:
+                    raise RuntimeError("the fork server did not answer; a kernel of it is in use, so it is not "
+                                       "restarted now")
                 self._start()
                 if self._ask({}, timeout) != IDLE_ANSWER:
                     raise RuntimeError("the grading sandbox did not start: see the worker log")

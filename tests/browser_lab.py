@@ -185,7 +185,7 @@ class CellRun:
 def student_experience_problems(cells: list[CellRun]) -> list[str]:
     """What breaks the rule for a released notebook run top to bottom (with a resume after each error).
 
-    The rule (the same as tests/notebook_rules.blank_run_problems, seen through the browser):
+    The rule (a released notebook run by a student who has not started; CONTRIBUTING.md):
       1. Every test cell fails, and only with NotImplementedError (the blank answer's). An error that
          reports a worker process's traceback ending in NotImplementedError (a notebook that runs the
          answer in other processes) counts as NotImplementedError.

@@ -1,12 +1,9 @@
-"""Rules every notebook keeps, as plain functions over executed notebooks (used by tests/test_notebook_rules.py).
+"""The prose-number rule every notebook keeps, a plain function over an executed notebook (tests/test_notebook_rules.py).
 
 - Prose numbers: a number in a markdown cell is a definition (it occurs in the notebook's code, e.g. a
   quoted claim or a constant the cells use), is listed in the notebook's `metadata.tml.prose_numbers`
   (definitions such as 65536 or a bit width that no cell prints), or appears in the executed notebook's
   outputs. Anything else is a figure typed into prose.
-- Blank run: the released notebook with blank answers runs top to bottom; only answer cells and test
-  cells may fail, and only with NotImplementedError. A cell that needs an answer says "finish exercise N
-  first" (helpers.exercises.needs_exercise) instead of raising.
 """
 
 from __future__ import annotations
@@ -78,23 +75,3 @@ def _decimals(token: str) -> int:
     if "e" in token or "." not in token:
         return 0
     return len(token.split(".")[1])
-
-
-def blank_run_problems(executed: nbformat.NotebookNode) -> list[str]:
-    """Errors in a released notebook run with blank answers, other than answer/test cells' NotImplementedError."""
-    problems = []
-    for index, cell in enumerate(executed.cells):
-        if cell.cell_type != "code":
-            continue
-        info = cell.metadata.get("nbgrader") or {}
-        exercise = info.get("solution") or info.get("grade")
-        for out in cell.get("outputs", []):
-            if out.get("output_type") != "error":
-                continue
-            # A stub's NotImplementedError, also as reported by a worker process the cell started.
-            if exercise and "NotImplementedError" in f"{out.get('ename')} {out.get('evalue')}":
-                continue
-            where = f"cell {index} ({info.get('grade_id', 'added')})"
-            problems.append(f"{where} raised {out.get('ename')}: {str(out.get('evalue'))[:200]} — a cell that needs an "
-                            "unfinished exercise should say 'finish exercise N first' (helpers.exercises.needs_exercise)")
-    return problems

@@ -14,9 +14,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import TypeVar
 
@@ -28,12 +30,13 @@ from grader.batch import stopping
 from grader.collect.deadlines import Config, Lateness, Override, check_students, lateness, overrides_for, settle
 from grader.collect.submissions import MAX_NOTEBOOK_BYTES, Submission, collect, unpack_zip
 from grader.course import Assignment, assignments
-from grader.judge.grading import GradingEnvironmentBroken, known_mistakes, plain_kernel_factory, reference_records
+from grader.judge.reference import GradingEnvironmentBroken, records_path, released_notebook
 from grader.kernel import kernelspec, limits, sandbox
 from grader.kernel.harness import own_cells_budget
 from grader.kernel.sandbox import remove_tree
 from grader.paths import BUILD, KERNEL_PACKAGES, PYPROJECT, REPO, SOLUTIONS
 from grader.report.outputs import write_outputs
+from grader.report.report import load_plotting
 from grader.results import Note, NoteKind, Result, Spec, printable, status_text
 
 TEMPLATES = BUILD / "grading-templates"
@@ -54,9 +57,7 @@ class SandboxUnavailable(RuntimeError):
 def code_digest(root: Path = REPO) -> str:
     """Everything that can change a grade besides the hand-in: grader/ (with the nbgrader config and the
     mutants), helpers/, the sandbox's limits, torch and Python."""
-    import torch
-
-    digest = hashlib.sha256(f"{torch.__version__}\0{sys.version}\0{limits.limits_key()}".encode())
+    digest = hashlib.sha256(f"{metadata.version('torch')}\0{sys.version}\0{limits.limits_key()}".encode())
     for folder in (root / "grader", *(root / package.name for package in KERNEL_PACKAGES)):
         for path in sorted(folder.rglob("*")):
             if path.is_file() and "__pycache__" not in path.parts:
@@ -121,10 +122,16 @@ class WorkerProcess:
             stopping.kill_tree(self.process.pid, include_self=True)
         self.stop()
 
-    def close(self) -> None:
+    def finish(self) -> None:
+        """Tell the worker there is nothing more to grade (it then stops its kernels and exits)."""
         if self.process is not None and self.process.stdin:
             with contextlib.suppress(OSError):
                 self.process.stdin.close()
+
+    def close(self) -> None:
+        """Wait for the worker to exit after `finish`; stop it after 10 s."""
+        self.finish()
+        if self.process is not None:
             try:
                 self.process.wait(timeout=10)
                 self.process = None
@@ -239,6 +246,8 @@ def autograde(
             template = grading_template([run.known[a] for a in graded]) if graded else Path()
             _prepare(run, graded)
             results, pending = _plan(run, subs, template, force)
+            if report and pending:  # this process waits while the workers grade: time to load the report's plotting
+                threading.Thread(target=load_plotting, daemon=True).start()
             results += _grade(run, pending, progress)
         except KeyboardInterrupt as stop:
             stopping.kill_tree(os.getpid())
@@ -308,13 +317,20 @@ def _worker_env(jobs: int) -> dict[str, str]:
 
 def _prepare(run: _Run, graded: list[str]) -> None:
     """What every hidden observation must be, from the reference solution (raises when it fails here), and what
-    each known mistake records (to name the one a wrong answer behaves like). Cached per version."""
+    each known mistake records (to name the one a wrong answer behaves like). Cached per version: when every
+    file is there, this process does not even import the judge (and torch with it); the workers read them."""
+    missing = [name for name in graded for kind in ("", "mutants")
+               if not records_path(run.known[name], released_notebook(run.known[name]), kind).exists()]
+    if not missing:
+        return
+    from grader.judge.grading import known_mistakes, plain_kernel_factory, reference_records
+
     def prepare(name: str) -> None:
         kernels = plain_kernel_factory({"OMP_NUM_THREADS": run.env["OMP_NUM_THREADS"]})
         reference_records(run.known[name], kernels, run.timeout)
         known_mistakes(run.known[name], kernels, run.timeout, run.jobs)
 
-    _parallel(prepare, graded, run.jobs)
+    _parallel(prepare, sorted(set(missing)), run.jobs)
 
 
 def _parallel(function: Callable[[T], R], items: list[T], jobs: int) -> list[R]:
@@ -399,6 +415,8 @@ def _grade(run: _Run, pending: list[_Pending], progress: bool) -> list[Result]:
         raise
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
+        for worker in workers:  # all of them at once: each takes a moment to stop its kernels
+            worker.finish()
         for worker in workers:
             worker.close()
     if broken:

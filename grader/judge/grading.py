@@ -11,10 +11,8 @@ is broken, and grading stops instead of writing zeros.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
-import sys
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -37,19 +35,12 @@ from grader.judge.judge import (
     vocabulary,
 )
 from grader.judge.rebuild import EARLIER_ANSWER_COPY
-from grader.judge.reference import reference_submission, released_notebook
+from grader.judge.reference import GradingEnvironmentBroken, records_path, reference_submission, released_notebook
 from grader.judge.scenarios import scenarios
 from grader.kernel import harness
 from grader.kernel.harness import DIED, KILLED, NOT_RUN, OUTPUT_LIMIT, SKIPPED, TIMEOUT, Kernel, Step, StepRun
-from grader.paths import BUILD, KERNEL_PACKAGES, MUTANTS
 from grader.results import Note, NoteKind
 from labkit import cells
-
-REFERENCE_CACHE = BUILD / "reference-records"
-
-
-class GradingEnvironmentBroken(RuntimeError):
-    """The reference solution does not pass in this environment: no student grade would mean anything."""
 
 
 @dataclass
@@ -249,32 +240,13 @@ def canary(assignment: Assignment, new_kernel: Callable[[], Kernel], timeout: fl
 
 # --- the reference records ----------------------------------------------------------------------------------
 
-def _records_key(assignment: Assignment, released: nbformat.NotebookNode) -> str:
-    """Changes with anything the reference records depend on: the source, the release, the mutants, the code that
-    plans and runs the scenarios (probe, harness, scenarios, this module), helpers and labkit, torch, Python."""
-    import torch
-
-    digest = hashlib.sha256(assignment.source.read_bytes())
-    digest.update(nbformat.writes(released).encode())
-    from grader.judge import reference, scenarios
-    from grader.kernel import probe
-
-    kernel_side = sorted(path for package in KERNEL_PACKAGES for path in package.glob("*.py"))
-    mutants = MUTANTS / f"{assignment.name}.toml"
-    runs = [Path(module.__file__ or "") for module in (probe, harness, scenarios, reference, sys.modules[__name__])]
-    for path in [*kernel_side, *runs, *([mutants] if mutants.exists() else [])]:
-        digest.update(path.name.encode() + path.read_bytes())
-    digest.update(f"{torch.__version__} {sys.version}".encode())
-    return digest.hexdigest()[:16]
-
-
 def reference_records(assignment: Assignment, new_kernel: Callable[[], Kernel], timeout: float,
                       released: nbformat.NotebookNode | None = None) -> dict[str, ScenarioRecord]:
     """What every hidden observation of `assignment` must be: the reference run's records (cached).
 
     `released`: the release grading rebuilds hand-ins against (default: notebooks/'s); the cache knows which."""
     released = released if released is not None else released_notebook(assignment)
-    path = REFERENCE_CACHE / f"{assignment.name}-{_records_key(assignment, released)}.json"
+    path = records_path(assignment, released)
     if path.exists():
         sent = json.loads(path.read_text())
     else:
@@ -317,7 +289,7 @@ def known_mistakes(assignment: Assignment, new_kernel: Callable[[], Kernel], tim
     once per version.
     """
     released = released if released is not None else released_notebook(assignment)
-    path = REFERENCE_CACHE / f"{assignment.name}-mutants-{_records_key(assignment, released)}.json"
+    path = records_path(assignment, released, "mutants")
     if path.exists():
         sent = json.loads(path.read_text())
     else:

@@ -9,12 +9,28 @@ the reference records and the students' rebuilds use one and the same release.
 from __future__ import annotations
 
 import copy
+import hashlib
+import sys
+from importlib import metadata
+from pathlib import Path
 
 import nbformat
 
 from grader.author.markers import SOLUTION_MARKER
 from grader.course import Assignment
+from grader.paths import BUILD, KERNEL_PACKAGES, MUTANTS
 from labkit import cells
+
+REFERENCE_CACHE = BUILD / "reference-records"
+JUDGE, KERNEL = Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent / "kernel"
+# The code that plans and runs the scenarios, whose records are cached (read as files: importing grading.py here
+# would import torch, and `autograde` must not pay for that just to find its records cached)
+RECORDING_CODE = (KERNEL / "probe.py", KERNEL / "harness.py", JUDGE / "scenarios.py", JUDGE / "reference.py",
+                  JUDGE / "grading.py")
+
+
+class GradingEnvironmentBroken(RuntimeError):
+    """The reference solution does not pass in this environment: no student grade would mean anything."""
 
 
 def reference_answers(assignment: Assignment) -> dict[str, str]:
@@ -41,3 +57,17 @@ def build_submission(assignment: Assignment, answers: dict[str, str],
 def reference_submission(assignment: Assignment, released: nbformat.NotebookNode | None = None) -> nbformat.NotebookNode:
     """Every answer cell filled with the reference solution."""
     return build_submission(assignment, reference_answers(assignment), released)
+
+
+def records_path(assignment: Assignment, released: nbformat.NotebookNode, kind: str = "") -> Path:
+    """Where the reference run's records (`kind` "") or the known mistakes' ("mutants") of `assignment` against
+    `released` are cached: a name that changes with anything they depend on — the source, the release, the
+    mutants, the code that plans and runs the scenarios, helpers and labkit, torch, Python."""
+    digest = hashlib.sha256(assignment.source.read_bytes())
+    digest.update(nbformat.writes(released).encode())
+    kernel_side = sorted(path for package in KERNEL_PACKAGES for path in package.glob("*.py"))
+    mutants = MUTANTS / f"{assignment.name}.toml"
+    for path in [*kernel_side, *RECORDING_CODE, *([mutants] if mutants.exists() else [])]:
+        digest.update(path.name.encode() + path.read_bytes())
+    digest.update(f"{metadata.version('torch')} {sys.version}".encode())
+    return REFERENCE_CACHE / f"{assignment.name}-{kind + '-' if kind else ''}{digest.hexdigest()[:16]}.json"

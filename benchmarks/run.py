@@ -139,10 +139,11 @@ def stages(out: Path) -> dict[str, float]:
     return {stage: total / max(1, len(results)) for stage, total in totals.items()}
 
 
-def floor(assignment: str, repeats: int) -> float:
-    """Mean seconds to run one submission's steps again in a warm kernel (the set-up once, outside the timing)."""
+def floor(assignment: str, repeats: int, jobs: int) -> float:
+    """Mean seconds to run one submission's steps again in a warm kernel (the set-up once, outside the timing),
+    with the torch threads a grading kernel gets when `jobs` share the cores."""
     steps = plan(reference_submission(assignment_named(assignment)), assignment_named(assignment))
-    kernel = plain_kernel_factory()()
+    kernel = plain_kernel_factory({"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // jobs))})()
     try:
         for step in steps:  # warm: imports, first calls
             kernel.run(step.code, 120)
@@ -233,6 +234,7 @@ def grading_benchmark(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         # the grading template and the reference records are cached per version: make them first
         autograde_class(args.assignment, 1, Path(tmp) / "warm", args.jobs)
+        one = autograde_class(args.assignment, 1, Path(tmp) / "one", args.jobs)[0]
         seconds, cpu, out = autograde_class(args.assignment, args.copies, Path(tmp), args.jobs)
         spent = stages(out)
         start = time.perf_counter()  # the class report alone (autograde writes it too), Python start included
@@ -241,11 +243,13 @@ def grading_benchmark(args: argparse.Namespace) -> None:
         bare = autograde_class(args.assignment, args.copies, Path(tmp), args.jobs, "--unsandboxed")[0] \
             if args.compare_unsandboxed else None
         stock = None if args.skip_nbgrader else stock_nbgrader(args.assignment, args.copies, Path(tmp))
-    per_copy = floor(args.assignment, 5)
+    per_copy = floor(args.assignment, 5, args.jobs)
     record_s, match_s = mistake_matching(args.assignment, args.jobs)
     print(f"\nautograde, {args.copies} copies of the {args.assignment} reference, --jobs {args.jobs}, sandboxed:")
     print(f"  {seconds:6.1f} s  ({60 * args.copies / seconds:5.1f} submissions/min, feedback pages included); "
           f"{cpu:.1f} s of CPU in all its processes ({cpu / args.copies:.2f} s per copy)")
+    print(f"  a class of one hand-in: {one:.1f} s (what every run pays once: start-up, workers and their fork "
+          "servers, the canary, the report)")
     print("  mean seconds per submission, by stage: " + ", ".join(f"{k} {v:.3f}" for k, v in spent.items()))
     print(f"  floor (the same steps in one warm kernel): {per_copy:.3f} s per copy -> "
           f"{per_copy * args.copies / args.jobs:.1f} s for {args.copies} copies on {args.jobs} workers")

@@ -325,12 +325,16 @@ def _prepare(run: _Run, graded: list[str]) -> None:
         return
     from grader.judge.grading import known_mistakes, plain_kernel_factory, reference_records
 
-    def prepare(name: str) -> None:
-        kernels = plain_kernel_factory({"OMP_NUM_THREADS": run.env["OMP_NUM_THREADS"]})
-        reference_records(run.known[name], kernels, run.timeout)
-        known_mistakes(run.known[name], kernels, run.timeout, run.jobs)
+    threads = run.env["OMP_NUM_THREADS"]  # as many as a grading kernel gets
+    # Trusted code only, so sandboxing is not what these kernels need, but warm starts are: a plain kernel
+    # imports torch and the notebook's packages afresh, a forked one has them.
+    with (kernelspec.servers_for_threads(run.jobs, threads) if run.sandboxed
+          else contextlib.nullcontext(plain_kernel_factory({"OMP_NUM_THREADS": threads}))) as kernels:
+        def prepare(name: str) -> None:
+            reference_records(run.known[name], kernels, run.timeout)
+            known_mistakes(run.known[name], kernels, run.timeout, run.jobs)
 
-    _parallel(prepare, sorted(set(missing)), run.jobs)
+        _parallel(prepare, sorted(set(missing)), run.jobs)
 
 
 def _parallel(function: Callable[[T], R], items: list[T], jobs: int) -> list[R]:

@@ -94,8 +94,10 @@ def run_c(request: Request, ready_w: int, ack_r: int) -> None:
     os.chdir(WORK)
     if request.get("probe"):
         _check_unprivileged()
-    # the history database in memory: one file less to create, nothing kept
-    sys.argv = ["ipykernel_launcher", "-f", request["connection_file"], "--HistoryManager.hist_file=:memory:"]
+    # the history database in memory: one file less to create, nothing kept. Parent 1: the sandbox's own init
+    # (pid1.py) ends the kernel, so no poller, and no "connect another client" banner on the grader's terminal.
+    sys.argv = ["ipykernel_launcher", "-f", request["connection_file"], "--HistoryManager.hist_file=:memory:",
+                "--IPKernelApp.parent_handle=1"]
     from ipykernel.kernelapp import IPKernelApp
 
     app = IPKernelApp.instance()

@@ -11,10 +11,13 @@ sandbox for one kernel without the warm process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -59,12 +62,12 @@ def install_kernelspec(prefix: str = sys.prefix) -> Path:
 
 
 def kernel_factory(server: ForkServer, background: Callable[[Callable[[], None]], object] | None = None,
-                   restart: bool = True) -> Callable[[], Kernel]:
+                   restart: bool = True, then: Callable[[], None] = lambda: None) -> Callable[[], Kernel]:
     """Kernels forked by `server`, one sandboxed kernel per call (grader.kernel.harness.Kernel).
 
     `background` (KernelsAhead): a kernel may start while earlier ones still run, and stopping one, then cleaning
     up after it (ForkServer.release), is handed to `background`. `restart` False: a dead or hung server fails the
-    start instead of being restarted (ForkServer.next_runtime)."""
+    start instead of being restarted (ForkServer.next_runtime). `then`: called once a kernel has stopped."""
     from jupyter_client import KernelManager
 
     from grader.kernel.harness import Kernel
@@ -75,10 +78,47 @@ def kernel_factory(server: ForkServer, background: Callable[[Callable[[], None]]
         manager = KernelManager(kernel_name=KERNEL_NAME, transport="ipc", ip=str(folder / "kernel"))
         manager.connection_file = str(folder / "host-connection.json")
         env = {**os.environ, FORKSERVER_ENV: str(server.control), REQUEST_ENV: str(folder.with_suffix(".request.json"))}
-        return Kernel(manager, env=env, exit_reason=lambda: server.exit_reason(folder),
-                      stopped=(lambda: server.release(folder)) if background is not None else None, stop_in=background)
+
+        def stopped() -> None:
+            if background is not None:
+                server.release(folder)
+            then()
+
+        return Kernel(manager, env=env, exit_reason=lambda: server.exit_reason(folder), stopped=stopped,
+                      stop_in=background)
 
     return start
+
+
+@contextlib.contextmanager
+def servers_for_threads(count: int, threads: str | None = None) -> Iterator[Callable[[], Kernel]]:
+    """Sandboxed kernels for trusted runs started from several threads at once (the reference run and the known
+    mistakes, recorded before grading): `count` fork servers, and each kernel is forked warm by whichever one is
+    free (a start waits for one), instead of a plain kernel importing torch and the notebook's packages afresh."""
+    free: queue.Queue[ForkServer] = queue.Queue()
+    servers = [ForkServer(threads) for _ in range(max(1, count))]
+    for server in servers:
+        free.put(server)
+
+    def start() -> Kernel:
+        server, given_back = free.get(), threading.Event()
+
+        def give_back() -> None:  # once: a kernel that failed to start has stopped itself already
+            if not given_back.is_set():
+                given_back.set()
+                free.put(server)
+
+        try:
+            return kernel_factory(server, then=give_back)()
+        except BaseException:
+            give_back()
+            raise
+
+    try:
+        yield start
+    finally:
+        for server in servers:
+            server.close()
 
 
 class KernelsAhead:

@@ -63,21 +63,22 @@ def exposed(paths: list[Path]) -> list[Path]:
     return [p for p in paths if any(Path(os.path.realpath(p)).is_relative_to(b) for b in binds)]
 
 
-def _kernel_env() -> dict[str, str]:
+def _kernel_env(threads: str | None = None) -> dict[str, str]:
     return {
         "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
         "MPLBACKEND": "module://matplotlib_inline.backend_inline",
         "LANG": os.environ.get("LANG", "C.UTF-8"),
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "OMP_NUM_THREADS": threads or os.environ.get("OMP_NUM_THREADS", "1"),
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYDEVD_DISABLE_FILE_VALIDATION": "1",  # debugpy (preloaded for ipykernel) warns about frozen modules
     }
 
 
-def sandbox_request(folder: Path, cgroups: list[str], limits: Limits) -> Request:
-    """What the fork server needs to build one submission's sandbox (JSON): its folder, binds, environment, limits."""
+def sandbox_request(folder: Path, cgroups: list[str], limits: Limits, threads: str | None = None) -> Request:
+    """What the fork server needs to build one submission's sandbox (JSON): its folder, binds, environment, limits
+    (`threads`: torch's threads in the kernel, default this process's OMP_NUM_THREADS or 1)."""
     sent = SandboxLimits(**asdict(limits))  # type: ignore[typeddict-item]  # the same fields, checked by a test
-    return {"folder": str(folder), "ro_binds": ro_binds(), "env": _kernel_env(), "cgroups": cgroups,
+    return {"folder": str(folder), "ro_binds": ro_binds(), "env": _kernel_env(threads), "cgroups": cgroups,
             "watchdog": not cgroups, "limits": sent}
 
 
@@ -151,8 +152,9 @@ class ForkServer:
     and REQUEST_ENV variables.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, threads: str | None = None) -> None:
         sweep_stale_folders()
+        self.threads = threads  # torch's threads in each kernel (sandbox_request)
         # 0700: only the grader's user gets in; the worker's pid in the name tells the sweep whose it is
         self.folder = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
         self.runtime = self.folder / "runtime"
@@ -177,7 +179,7 @@ class ForkServer:
         mplconfig.mkdir(exist_ok=True)
         for fontlist in (Path.home() / ".cache" / "matplotlib").glob("fontlist-*.json"):  # no font-cache rebuild
             shutil.copy(fontlist, mplconfig)
-        env = {**_kernel_env(), "HOME": str(self.folder), "MPLCONFIGDIR": str(mplconfig)}
+        env = {**_kernel_env(self.threads), "HOME": str(self.folder), "MPLCONFIGDIR": str(mplconfig)}
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
             listener.bind(str(self.control))
             listener.listen(8)
@@ -231,7 +233,7 @@ class ForkServer:
         folder = self.runtime / f"submission-{name}"
         _own_folder(folder)
         cgroups = self.cgroups.create(name, self.limits.memory_bytes) if self.cgroups else []
-        folder.with_suffix(".request.json").write_text(json.dumps(sandbox_request(folder, cgroups, self.limits)))
+        folder.with_suffix(".request.json").write_text(json.dumps(sandbox_request(folder, cgroups, self.limits, self.threads)))
         return folder
 
     def release(self, folder: Path, timeout: float = 60) -> None:

@@ -20,7 +20,9 @@ from conftest import REPO
 from factories import markdown, own_cell, plain_values, released
 from hypothesis import given
 
-from grader.judge.grading import Graded
+from grader.course import assignment_named
+from grader.judge import reference
+from grader.judge.grading import Graded, known_mistakes
 from grader.judge.judge import (
     BadPayload,
     Observation,
@@ -599,3 +601,15 @@ def test_the_first_half_of_a_split_answer_runs_whatever_the_own_cells_budget():
     rebuilt, _ = rebuild(submitted, nbformat.read(one.release, as_version=4))
     steps = {step.code: step for step in plan(rebuilt, one)}
     assert steps["scratch = 1"].added and not steps[first_half.source].added  # only the scratch cell is budgeted
+
+
+def test_known_mistakes_are_not_kept_when_no_kernel_could_run_them(tmp_path, monkeypatch):
+    """A recording cut short (the batch stopping, a fork server gone) is not cached for the version: the next run
+    records again instead of naming no mistake for good."""
+    monkeypatch.setattr(reference, "REFERENCE_CACHE", tmp_path)
+
+    def no_kernel():
+        raise RuntimeError("the fork server is gone")
+
+    assert known_mistakes(assignment_named("01"), no_kernel, 30) == {}
+    assert list(tmp_path.iterdir()) == []

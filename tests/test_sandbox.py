@@ -580,3 +580,25 @@ def test_attacks_hold_for_an_unprivileged_grader():
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     passed = int(re.search(r"(\d+) passed", summary).group(1))
     assert passed >= 25 and "failed" not in summary, summary
+
+
+def _prints_four(kernel: harness.Kernel) -> StepRun:
+    try:
+        return kernel.run("print(2 + 2)", 60)
+    finally:
+        kernel.stop()
+
+
+def test_trusted_kernels_outlive_the_threads_that_asked_for_them(server):
+    """servers_for_threads (the reference run and known mistakes, recorded by autograde's threads): after the pool
+    thread that asked a server for a kernel has exited, the server's kernel in use runs on and it starts another
+    (a server dies with the thread that started it; the asking threads never restart one, a dead one fails)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with kernelspec.servers_for_threads(1, "1") as start:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pool.submit(lambda: start().stop()).result()
+            in_use = start()  # the same server, asked from this thread
+        runs = [_prints_four(in_use), _prints_four(start())]  # the pool's thread has exited
+    for run in runs:
+        assert not run.failure and "4" in "".join(o.get("text", "") for o in run.outputs), (run.failure, run.outputs)

@@ -293,18 +293,22 @@ def known_mistakes(assignment: Assignment, new_kernel: Callable[[], Kernel], tim
     if path.exists():
         sent = json.loads(path.read_text())
     else:
-        def record(group: list[Mutant]) -> list[tuple[str, str, list]]:
+        def record(group: list[Mutant]) -> tuple[list[tuple[str, str, list]], bool]:
+            """What each mutant of `group` recorded, and whether every step got a kernel to run in."""
             steps = plan(mutant_submission(assignment, group, released), assignment)
             runs = harness.run_steps(steps, new_kernel, timeout)
             ran = {step.test: run for step, run in zip(steps, runs) if step.test}
-            return [(m.exercise, m.name, ran[m.exercise].payloads) for m in group if not ran[m.exercise].failure]
+            return ([(m.exercise, m.name, ran[m.exercise].payloads) for m in group if not ran[m.exercise].failure],
+                    all(run.failure != NOT_RUN for run in runs))
 
-        sent = {}
+        sent, complete = {}, True
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            for recorded in pool.map(record, pack_mutants(load_mutants(assignment))):
+            for recorded, ran_all in pool.map(record, pack_mutants(load_mutants(assignment))):
+                complete &= ran_all
                 for exercise, name, messages in recorded:
                     sent.setdefault(exercise, {})[name] = messages
-        _write_atomically(path, sent)
+        if complete:  # a run cut short (no kernel: the batch stopping, a server gone) is not kept for the version
+            _write_atomically(path, sent)
     decoded: dict[str, dict[str, ScenarioRecord]] = {}
     for test, by_name in sent.items():
         for name, messages in by_name.items():

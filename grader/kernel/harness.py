@@ -287,12 +287,14 @@ class Kernel:
             self.client.stop_channels()
             self.client.context.destroy(linger=0)
         finally:
-            if self.manager.has_kernel:
-                self._kill()
-            self.manager.cleanup_resources()
-            if self.scratch:
-                shutil.rmtree(self.scratch, ignore_errors=True)
-            self.stopped()
+            try:
+                if self.manager.has_kernel:
+                    self._kill()
+                self.manager.cleanup_resources()
+                if self.scratch:
+                    shutil.rmtree(self.scratch, ignore_errors=True)
+            finally:  # whatever failed above: what cleans up after the kernel (and hands its server back) runs
+                self.stopped()
 
     def run(self, code: str, timeout: float, store_history: bool = True) -> StepRun:
         """Execute `code`; stop it after `timeout` seconds (interrupt, then kill)."""

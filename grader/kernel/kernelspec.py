@@ -94,27 +94,32 @@ def kernel_factory(server: ForkServer, background: Callable[[Callable[[], None]]
 def servers_for_threads(count: int, threads: str | None = None) -> Iterator[Callable[[], Kernel]]:
     """Sandboxed kernels for trusted runs started from several threads at once (the reference run and the known
     mistakes, recorded before grading): `count` fork servers, and each kernel is forked warm by whichever one is
-    free (a start waits for one), instead of a plain kernel importing torch and the notebook's packages afresh."""
+    free (a start waits for one), instead of a plain kernel importing torch and the notebook's packages afresh.
+
+    The servers are started here, by the caller's thread, and never restarted by the threads that ask for kernels:
+    a server dies with the thread that started it (PR_SET_PDEATHSIG follows the thread), and pool threads come and
+    go. A server that died fails its starts (the run then records nothing for the version: known_mistakes)."""
     free: queue.Queue[ForkServer] = queue.Queue()
     servers = [ForkServer(threads) for _ in range(max(1, count))]
-    for server in servers:
-        free.put(server)
-
-    def start() -> Kernel:
-        server, given_back = free.get(), threading.Event()
-
-        def give_back() -> None:  # once: a kernel that failed to start has stopped itself already
-            if not given_back.is_set():
-                given_back.set()
-                free.put(server)
-
-        try:
-            return kernel_factory(server, then=give_back)()
-        except BaseException:
-            give_back()
-            raise
-
     try:
+        for server in servers:
+            server.start()
+            free.put(server)
+
+        def start() -> Kernel:
+            server, given_back = free.get(), threading.Event()
+
+            def give_back() -> None:  # once: a kernel that failed to start has stopped itself already
+                if not given_back.is_set():
+                    given_back.set()
+                    free.put(server)
+
+            try:
+                return kernel_factory(server, restart=False, then=give_back)()
+            except BaseException:
+                give_back()
+                raise
+
         yield start
     finally:
         for server in servers:

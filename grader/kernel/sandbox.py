@@ -188,6 +188,16 @@ class ForkServer:
             self.process = subprocess.Popen(argv, pass_fds=(listener.fileno(),), stdin=subprocess.DEVNULL, env=env,
                                             cwd=self.folder)
 
+    def start(self, timeout: float = 120) -> None:
+        """Start the server now, in this thread (which it will not outlive), and wait until it answers."""
+        with self._lock:
+            self._launch(timeout)
+
+    def _launch(self, timeout: float) -> None:
+        self._start()
+        if self._ask({}, timeout) != IDLE_ANSWER:
+            raise RuntimeError("the grading sandbox did not start: see the worker log")
+
     def _ask(self, request: dict, timeout: float) -> str:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.settimeout(timeout)
@@ -223,9 +233,7 @@ class ForkServer:
                 if not restart:
                     raise RuntimeError("the fork server did not answer; a kernel of it is in use, so it is not "
                                        "restarted now")
-                self._start()
-                if self._ask({}, timeout) != IDLE_ANSWER:
-                    raise RuntimeError("the grading sandbox did not start: see the worker log")
+                self._launch(timeout)
             if not alongside:
                 self._clean()
             self.submissions += 1

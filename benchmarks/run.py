@@ -38,9 +38,10 @@ from grader.author.bootstrap import bootstrap_source  # noqa: E402
 from grader.author.mutants import reference_answers, reference_submission  # noqa: E402
 from grader.author.selftest import put  # noqa: E402
 from grader.course import assignment_named, put_interpreter_on_path  # noqa: E402
-from grader.judge import reference as release_reference  # noqa: E402
+from grader.judge import reference as cached_records  # noqa: E402
 from grader.judge.grading import known_mistakes, plain_kernel_factory, plan, reference_records  # noqa: E402
 from grader.judge.judge import behaves_like  # noqa: E402
+from grader.kernel.kernelspec import servers_for_threads  # noqa: E402
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -157,19 +158,21 @@ def floor(assignment: str, repeats: int, jobs: int) -> float:
 
 
 def mistake_matching(assignment: str, jobs: int) -> tuple[float, float]:
-    """Seconds to record the known mistakes once (no cache), and to match one failed test against all of them."""
+    """Seconds to record the known mistakes once (no cache; in warm sandboxed kernels, a fork server per job, as
+    autograde records them, the servers' start included), and to match one failed test against all of them."""
     chosen = assignment_named(assignment)
-    kernels = plain_kernel_factory()
-    saved = release_reference.REFERENCE_CACHE
+    saved = cached_records.REFERENCE_CACHE
+    threads = str(max(1, (os.cpu_count() or 1) // jobs))
     with tempfile.TemporaryDirectory(prefix="bench-records-") as cache:
-        release_reference.REFERENCE_CACHE = Path(cache)
+        cached_records.REFERENCE_CACHE = Path(cache)
         try:
             start = time.perf_counter()
-            mistakes = known_mistakes(chosen, kernels, 120, jobs)
-            record_s = time.perf_counter() - start
-            reference = reference_records(chosen, kernels, 120)
+            with servers_for_threads(jobs, threads) as kernels:
+                mistakes = known_mistakes(chosen, kernels, 120, jobs)
+                record_s = time.perf_counter() - start
+                reference = reference_records(chosen, kernels, 120)
         finally:
-            release_reference.REFERENCE_CACHE = saved
+            cached_records.REFERENCE_CACHE = saved
     failed = [(test, record) for test, by_name in mistakes.items() for record in by_name.values()]
     start = time.perf_counter()
     for test, record in failed:  # each mistake's own record stands in for a student who made it

@@ -319,8 +319,9 @@ def _prepare(run: _Run, graded: list[str]) -> None:
     """What every hidden observation must be, from the reference solution (raises when it fails here), and what
     each known mistake records (to name the one a wrong answer behaves like). Cached per version: when every
     file is there, this process does not even import the judge (and torch with it); the workers read them."""
-    missing = [name for name in graded for kind in ("", "mutants")
-               if not records_path(run.known[name], released_notebook(run.known[name]), kind).exists()]
+    releases = {name: released_notebook(run.known[name]) for name in graded}
+    missing = sorted({name for name in graded for kind in ("", "mutants")
+                      if not records_path(run.known[name], releases[name], kind).exists()})
     if not missing:
         return
     from grader.judge.grading import known_mistakes, plain_kernel_factory, reference_records
@@ -334,7 +335,7 @@ def _prepare(run: _Run, graded: list[str]) -> None:
             reference_records(run.known[name], kernels, run.timeout)
             known_mistakes(run.known[name], kernels, run.timeout, run.jobs)
 
-        _parallel(prepare, sorted(set(missing)), run.jobs)
+        _parallel(prepare, missing, run.jobs)
 
 
 def _parallel(function: Callable[[T], R], items: list[T], jobs: int) -> list[R]:

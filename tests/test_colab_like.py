@@ -126,7 +126,12 @@ class ColabLike:
         folder.mkdir(parents=True)
         if file_name:
             nbformat.write(nb, folder / file_name)
-        km = KernelManager(kernel_name="colab-like", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(self.specs)]))
+        sockets = self.work / "sockets" / name  # beside the folder, which stays empty
+        shutil.rmtree(sockets, ignore_errors=True)
+        sockets.mkdir(parents=True)
+        # ipc, not tcp: parallel test workers can race for a "free" TCP port between its choice and the kernel's bind
+        km = KernelManager(kernel_name="colab-like", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(self.specs)]),
+                           transport="ipc", ip=str(sockets / "kernel"))
         began = time.perf_counter()
         try:
             NotebookRunner(nb, km=km, timeout=600, allow_errors=True, resources={"metadata": {"path": str(folder)}}

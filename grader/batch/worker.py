@@ -22,26 +22,17 @@ import traceback
 from pathlib import Path
 
 import nbformat
+from nbformat.v4.nbbase import random_cell_id
+from nbformat.validator import iter_validate
 
 from grader.author.mutants import load_mutants
 from grader.batch import stopping
 from grader.collect.deadlines import settle
 from grader.collect.submissions import MAX_NOTEBOOK_BYTES
 from grader.course import assignment_named, put_interpreter_on_path
-from grader.judge.grading import (
-    canary,
-    coarse,
-    grade_notebook,
-    known_mistakes,
-    plain_kernel_factory,
-    received,
-    reference_records,
-    run_notes,
-)
 from grader.judge.rebuild import rebuild
 from grader.judge.scenarios import scenarios
 from grader.kernel import kernelspec, sandbox
-from grader.report.feedback import write_feedback
 from grader.results import Note, NoteKind, Result, Spec
 from labkit import cells
 
@@ -110,18 +101,22 @@ def cells_of(raw: object) -> nbformat.NotebookNode:
     if not isinstance(raw.get("cells"), list):
         raise ValueError("no list of cells")
     nb = nbformat.v4.new_notebook()
-    makers = {"code": nbformat.v4.new_code_cell, "markdown": nbformat.v4.new_markdown_cell, "raw": nbformat.v4.new_raw_cell}
     for cell in raw["cells"]:
-        if not isinstance(cell, dict) or cell.get("cell_type") not in makers:
+        if not isinstance(cell, dict) or cell.get("cell_type") not in ("code", "markdown", "raw"):
             continue
         source = cell.get("source", "")
         source = "".join(part for part in source if isinstance(part, str)) if isinstance(source, list) else source
         metadata = cell.get("metadata")
-        new = makers[cell["cell_type"]](source if isinstance(source, str) else "",
-                                        metadata=metadata if isinstance(metadata, dict) else {})
-        if isinstance(cell.get("id"), str) and CELL_ID.match(cell["id"]):
-            new["id"] = cell["id"]
-        nb.cells.append(new)
+        cell_id = cell.get("id")
+        new = {"id": cell_id if isinstance(cell_id, str) and CELL_ID.match(cell_id) else random_cell_id(),
+               "cell_type": cell["cell_type"], "metadata": metadata if isinstance(metadata, dict) else {},
+               "source": source if isinstance(source, str) else ""}
+        if cell["cell_type"] == "code":
+            new.update(outputs=[], execution_count=None)
+        nb.cells.append(nbformat.from_dict(new))
+    # One check of the whole notebook (fastjsonschema), not nbformat's per-cell one (jsonschema: 50 ms a hand-in)
+    for error in iter_validate(nb):
+        raise error
     return nb
 
 
@@ -136,20 +131,30 @@ def _sandboxed_kernels() -> kernelspec.KernelsAhead:
     global _FORKSERVER, _KERNELS
     if _KERNELS is None:
         _FORKSERVER = sandbox.ForkServer()
+        _FORKSERVER.spawn()
         _KERNELS = kernelspec.KernelsAhead(_FORKSERVER)
     return _KERNELS
 
 
 def _new_kernel(spec: Spec):
+    from grader.judge.grading import plain_kernel_factory
+
     return _sandboxed_kernels() if spec.sandbox else plain_kernel_factory()
+
+
+@functools.lru_cache(maxsize=8)
+def _released(template: str, name: str) -> nbformat.NotebookNode:
+    """The release of assignment `name` in `template`, read once per worker (only ever read: rebuilds copy it)."""
+    return nbformat.read(Path(template) / "release" / name / assignment_named(name).notebook, as_version=4)
 
 
 @functools.lru_cache(maxsize=8)
 def _references(name: str, template: str, timeout: int) -> tuple[dict, dict]:
     """The reference records and known mistakes of the assignment released in `template`, read once per worker
     (the files they are cached in are keyed by everything they depend on; none of it changes during a batch)."""
-    assignment = assignment_named(name)
-    released = nbformat.read(Path(template) / "release" / name / assignment.notebook, as_version=4)
+    from grader.judge.grading import known_mistakes, plain_kernel_factory, reference_records
+
+    assignment, released = assignment_named(name), _released(template, name)
     return (reference_records(assignment, plain_kernel_factory(), timeout, released),
             known_mistakes(assignment, plain_kernel_factory(), timeout, released=released))
 
@@ -157,6 +162,8 @@ def _references(name: str, template: str, timeout: int) -> tuple[dict, dict]:
 def _canary(assignment, spec: Spec, released: nbformat.NotebookNode) -> str:
     """'' once the reference has earned full marks in this worker's environment (checked once per assignment)."""
     if assignment.name not in _CANARY_PASSED:
+        from grader.judge.grading import canary
+
         records = _references(spec.assignment, spec.template, spec.timeout)[0]
         problem = canary(assignment, _new_kernel(spec), spec.timeout, records, released)
         if problem:
@@ -167,8 +174,14 @@ def _canary(assignment, spec: Spec, released: nbformat.NotebookNode) -> str:
 
 def grade(spec: Spec) -> Result:
     """Grade one submission; every failure becomes a status note, never an exception."""
+    if spec.sandbox:
+        _sandboxed_kernels()  # the fork server imports torch and the kernel's packages while this process imports
+    # the judge (torch too) here, on the first submission: on two cores the two imports take the time of one
+    from grader.judge.grading import coarse, grade_notebook, received, run_notes
+    from grader.report.feedback import write_feedback
+
     assignment = assignment_named(spec.assignment)
-    released = nbformat.read(Path(spec.template) / "release" / spec.assignment / spec.notebook, as_version=4)
+    released = _released(spec.template, spec.assignment)
     max_scores = {s.test: s.points for s in scenarios(assignment)}
     result = Result(spec.student, spec.assignment, {k: 0.0 for k in max_scores}, max_scores)
     result.status += spec.notes

@@ -188,6 +188,12 @@ class ForkServer:
             self.process = subprocess.Popen(argv, pass_fds=(listener.fileno(),), stdin=subprocess.DEVNULL, env=env,
                                             cwd=self.folder)
 
+    def spawn(self) -> None:
+        """Start the server process in this thread (which it will not outlive) without waiting for it: the first
+        `next_runtime` waits until it answers, and its imports overlap whatever the caller does meanwhile."""
+        with self._lock:
+            self._start()
+
     def start(self, timeout: float = 120) -> None:
         """Start the server now, in this thread (which it will not outlive), and wait until it answers."""
         with self._lock:

@@ -190,3 +190,28 @@ def test_a_start_ahead_never_restarts_the_fork_server_under_the_kernel_in_use():
     with pytest.raises(RuntimeError, match="not restarted now"):
         server.next_runtime(alongside=True, restart=False)
     assert restarts == []
+
+
+HUGE_PAGES_CHILD = """
+import json, os, numpy
+from grader.kernel.syscalls import collapse_into_huge_pages
+held = numpy.ones(16 << 20, dtype=numpy.uint8)  # memory to collapse, as a warm server holds
+asked = collapse_into_huge_pages()
+huge = sum(int(line.split()[1]) for line in open("/proc/self/smaps") if line.startswith("AnonHugePages:"))
+pid = os.fork()
+if pid == 0:  # a fork of it still reads and writes its memory
+    numpy.frombuffer(bytearray(b"x" * 4096), dtype=numpy.uint8).sum()
+    os._exit(0)
+print(json.dumps({"asked": asked, "huge_kib": huge, "child": os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])}))
+"""
+
+
+@pytest.mark.integration  # a Python process whose memory is collapsed
+def test_the_warm_servers_memory_goes_into_huge_pages_where_the_kernel_allows():
+    with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+        if "[never]" in f.read():
+            pytest.skip("transparent huge pages are off on this machine: nothing to collapse into")
+    done = subprocess.run([sys.executable, "-c", HUGE_PAGES_CHILD], capture_output=True, text=True, check=True)
+    result = json.loads(done.stdout)
+    assert result["asked"] >= 8 << 20 and result["huge_kib"] >= 8 << 10, result
+    assert result["child"] == 0, result

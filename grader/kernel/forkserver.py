@@ -46,7 +46,13 @@ import time
 from grader.kernel import newroot, seccomp
 from grader.kernel.newroot import INSIDE_GID, INSIDE_UID, NOBODY
 from grader.kernel.protocol import IDLE, Handshake, Report, Request
-from grader.kernel.syscalls import PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE, die_with_parent, prctl
+from grader.kernel.syscalls import (
+    PR_SET_CHILD_SUBREAPER,
+    PR_SET_DUMPABLE,
+    collapse_into_huge_pages,
+    die_with_parent,
+    prctl,
+)
 from labkit.forking import fork_child
 
 # Imported before forking: together they are most of a notebook kernel's start-up time.
@@ -56,6 +62,12 @@ PRELOAD = ("numpy", "torch", "torch.nn", "torch.nn.functional", "matplotlib.pypl
            # what IPKernelApp.initialize imports on top of the above
            "IPython.core.completerlib", "IPython.core.oinspect", "IPython.extensions.storemagic",
            "IPython.utils.wildcard", "tornado.platform.asyncio")
+
+
+# Each submission forks this process's memory four times (S, A, B, C) and frees it as often. In huge pages a fork
+# copies, and an exit frees, one page-table entry per 2 MiB instead of 512: 0.09 s of CPU per kernel instead of
+# 0.16 s on 2 cores here. Collapsing costs about 0.6 s once, so a batch does it, not a class of one.
+HUGE_PAGES_AFTER = 3  # submissions
 
 
 def preload() -> None:
@@ -218,6 +230,7 @@ def serve(listener: socket.socket) -> None:
     can overlap: the next one's kernel starts while the last one grades, each in a sandbox of its own."""
     me = os.geteuid()
     running: dict[int, str] = {}  # S's pid -> its submission's socket folder
+    forked = 0
     while True:
         try:
             conn, _ = listener.accept()
@@ -236,6 +249,9 @@ def serve(listener: socket.socket) -> None:
                         return _submission(conn, request)
 
                     running[fork_child(become_s)] = request["folder"]
+                    forked += 1
+                    if forked == HUGE_PAGES_AFTER:
+                        collapse_into_huge_pages()
                 else:  # a sync: answer once that submission (without a folder: every one) is gone
                     _wait_for(running, request.get("folder"))
                     conn.sendall(IDLE)

@@ -84,6 +84,7 @@ class Spec:
     feedback_mode: str = "after-release"  # or "at-once": no hidden-test messages yet (grader/report/feedback.py)
     lateness: dict = field(default_factory=dict)  # grader.collect.deadlines.Lateness, shown on the feedback page
     canary_only: bool = False  # only check this worker's environment on the reference (before any student runs)
+    last: bool = False  # no hand-in is likely to follow in this worker: it starts no kernel ahead for one
     overrides: list[dict] = field(default_factory=list)  # grader.collect.deadlines.Override for this hand-in (as dicts)
 
     def to_json(self) -> str:

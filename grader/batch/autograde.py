@@ -391,11 +391,15 @@ def _grade(run: _Run, pending: list[_Pending], progress: bool) -> list[Result]:
     idle: queue.Queue[WorkerProcess] = queue.Queue()
     for worker in workers:
         idle.put(worker)
+    left, counting = [len(pending)], threading.Lock()
 
     def grade_one(item: _Pending) -> Result:
         worker = idle.get()
+        with counting:  # fewer hand-ins left than workers: this one likely gets no other, so no kernel ahead
+            left[0] -= 1
+            last = left[0] < len(workers)
         try:
-            return worker.grade(item.spec, item.wall)
+            return worker.grade(dataclasses.replace(item.spec, last=last), item.wall)
         finally:
             idle.put(worker)
 

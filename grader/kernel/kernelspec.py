@@ -142,13 +142,15 @@ class KernelsAhead:
         # A start ahead never restarts the server: that would kill the kernel in use (a student who did nothing)
         self._start_ahead = kernel_factory(server, background=self._stopping.submit, restart=False)
         self._ahead: Future[Kernel] | None = None
+        self.ahead = True  # False: the kernel handed out next is likely the last one asked for; none starts ahead
 
     def __call__(self) -> Kernel:
         ahead, self._ahead = self._ahead, None
         kernel = _started(ahead)
         if kernel is None:
             kernel = self._start()
-        self._ahead = self._starting.submit(self._start_ahead)
+        if self.ahead:
+            self._ahead = self._starting.submit(self._start_ahead)
         return kernel
 
     def close(self) -> None:

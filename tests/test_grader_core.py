@@ -613,3 +613,19 @@ def test_known_mistakes_are_not_kept_when_no_kernel_could_run_them(tmp_path, mon
 
     assert known_mistakes(assignment_named("01"), no_kernel, 30) == {}
     assert list(tmp_path.iterdir()) == []
+
+
+def test_torchs_version_is_read_without_importing_it_even_without_its_metadata(monkeypatch):
+    """The records' cache key names torch's version; a torch installed without dist-info still has one."""
+    from importlib import metadata
+
+    assert reference.torch_version() == metadata.version("torch")
+    installed = metadata.version
+
+    def no_torch_metadata(name: str) -> str:
+        if name == "torch":
+            raise metadata.PackageNotFoundError(name)
+        return installed(name)
+
+    monkeypatch.setattr(metadata, "version", no_torch_metadata)
+    assert torch.__version__ in reference.torch_version()

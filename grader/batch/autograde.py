@@ -18,7 +18,6 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import TypeVar
 
@@ -30,7 +29,7 @@ from grader.batch import stopping
 from grader.collect.deadlines import Config, Lateness, Override, check_students, lateness, overrides_for, settle
 from grader.collect.submissions import MAX_NOTEBOOK_BYTES, Submission, collect, unpack_zip
 from grader.course import Assignment, assignments
-from grader.judge.reference import GradingEnvironmentBroken, records_path, released_notebook
+from grader.judge.reference import GradingEnvironmentBroken, records_path, released_notebook, torch_version
 from grader.kernel import kernelspec, limits, sandbox
 from grader.kernel.harness import own_cells_budget
 from grader.kernel.sandbox import remove_tree
@@ -57,7 +56,7 @@ class SandboxUnavailable(RuntimeError):
 def code_digest(root: Path = REPO) -> str:
     """Everything that can change a grade besides the hand-in: grader/ (with the nbgrader config and the
     mutants), helpers/, the sandbox's limits, torch and Python."""
-    digest = hashlib.sha256(f"{metadata.version('torch')}\0{sys.version}\0{limits.limits_key()}".encode())
+    digest = hashlib.sha256(f"{torch_version()}\0{sys.version}\0{limits.limits_key()}".encode())
     for folder in (root / "grader", *(root / package.name for package in KERNEL_PACKAGES)):
         for path in sorted(folder.rglob("*")):
             if path.is_file() and "__pycache__" not in path.parts:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import importlib.util
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -59,6 +60,17 @@ def reference_submission(assignment: Assignment, released: nbformat.NotebookNode
     return build_submission(assignment, reference_answers(assignment), released)
 
 
+def torch_version() -> str:
+    """The installed torch's version, read without importing torch: its distribution's metadata, or, for a torch
+    installed without one (built in place), its version file's text."""
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        spec = importlib.util.find_spec("torch")
+        origin = Path(spec.origin) if spec is not None and spec.origin else None
+        return (origin.parent / "version.py").read_text() if origin and (origin.parent / "version.py").exists() else ""
+
+
 def records_path(assignment: Assignment, released: nbformat.NotebookNode, kind: str = "") -> Path:
     """Where the reference run's records (`kind` "") or the known mistakes' ("mutants") of `assignment` against
     `released` are cached: a name that changes with anything they depend on — the source, the release, the
@@ -69,5 +81,5 @@ def records_path(assignment: Assignment, released: nbformat.NotebookNode, kind: 
     mutants = MUTANTS / f"{assignment.name}.toml"
     for path in [*kernel_side, *RECORDING_CODE, *([mutants] if mutants.exists() else [])]:
         digest.update(path.name.encode() + path.read_bytes())
-    digest.update(f"{metadata.version('torch')} {sys.version}".encode())
+    digest.update(f"{torch_version()} {sys.version}".encode())
     return REFERENCE_CACHE / f"{assignment.name}-{kind + '-' if kind else ''}{digest.hexdigest()[:16]}.json"

@@ -29,6 +29,7 @@ SUBREAPER = """
 import ctypes, json, os, signal, subprocess, sys, time
 ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 argv, ready, sig = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+signal.signal(signal.SIGINT, signal.SIG_DFL)  # as a terminal's shell starts it: a suite run in the background ignores SIGINT
 run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 while not (ready == "-" or os.path.exists(ready)) and run.poll() is None:
     time.sleep(0.2)

@@ -61,14 +61,18 @@ def reference_submission(assignment: Assignment, released: nbformat.NotebookNode
 
 
 def torch_version() -> str:
-    """The installed torch's version, read without importing torch: its distribution's metadata, or, for a torch
-    installed without one (built in place), its version file's text."""
+    """The installed torch's version, read without importing torch where it can be: its distribution's metadata or,
+    for a torch installed without one (built in place), its version file."""
     try:
         return metadata.version("torch")
     except metadata.PackageNotFoundError:
         spec = importlib.util.find_spec("torch")
-        origin = Path(spec.origin) if spec is not None and spec.origin else None
-        return (origin.parent / "version.py").read_text() if origin and (origin.parent / "version.py").exists() else ""
+        version_file = Path(spec.origin).parent / "version.py" if spec is not None and spec.origin else None
+        if version_file is not None and version_file.exists():
+            return version_file.read_text()
+        import torch
+
+        return str(torch.__version__)
 
 
 def records_path(assignment: Assignment, released: nbformat.NotebookNode, kind: str = "") -> Path:

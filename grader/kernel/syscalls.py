@@ -21,7 +21,6 @@ SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "
 SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "riscv64": 219, "ppc64le": 271, "s390x": 280}
 KEYCTL_JOIN_SESSION_KEYRING = 1
 MADV_COLLAPSE = 25  # Linux 6.1+
-HUGE_PAGE = 2 << 20
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -68,9 +67,17 @@ def join_new_session_keyring() -> None:
 
 
 def collapse_into_huge_pages() -> int:
-    """Back this process's private anonymous memory with transparent huge pages, where the kernel can (MADV_COLLAPSE,
-    Linux 6.1+; nothing happens elsewhere): a fork then copies one page-table entry per 2 MiB instead of 512, and an
-    exit frees as few. Returns the bytes now in huge pages' reach (the aligned 2 MiB blocks asked for)."""
+    """Back this process's private anonymous memory with transparent huge pages (MADV_COLLAPSE, Linux 6.1+), unless
+    the machine has them off: a fork then copies one page-table entry per huge page instead of one per page, and an
+    exit frees as few. Returns the bytes asked for (0 where nothing was collapsed: an older kernel, THP off)."""
+    thp = "/sys/kernel/mm/transparent_hugepage"
+    try:
+        with open(f"{thp}/enabled") as enabled, open(f"{thp}/hpage_pmd_size") as size:
+            if "[never]" in enabled.read():
+                return 0
+            huge = int(size.read())
+    except (OSError, ValueError):
+        return 0
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     asked = 0
     with open("/proc/self/maps") as maps:
@@ -79,7 +86,7 @@ def collapse_into_huge_pages() -> int:
         low, high = (int(x, 16) for x in fields[0].split("-"))
         anonymous = len(fields) < 6 or fields[5] == "[heap]"
         if fields[1].startswith("rw") and fields[1][3] == "p" and anonymous:
-            start, end = -(-low // HUGE_PAGE) * HUGE_PAGE, high // HUGE_PAGE * HUGE_PAGE
+            start, end = -(-low // huge) * huge, high // huge * huge
             if end > start and libc.madvise(start, end - start, MADV_COLLAPSE) == 0:
                 asked += end - start
     return asked

@@ -174,9 +174,10 @@ def _canary(assignment, spec: Spec, released: nbformat.NotebookNode) -> str:
 
 def grade(spec: Spec) -> Result:
     """Grade one submission; every failure becomes a status note, never an exception."""
-    if spec.sandbox:  # the fork server imports torch and the kernel's packages while this process imports
+    # On the first submission the fork server (started here) imports torch and the kernel's packages while this
+    # process imports the judge, torch too, below: on two cores the two imports take the time of one.
+    if spec.sandbox:
         _sandboxed_kernels().ahead = not spec.last
-    # the judge (torch too) here, on the first submission: on two cores the two imports take the time of one
     from grader.judge.grading import coarse, grade_notebook, received, run_notes
     from grader.report.feedback import write_feedback
 

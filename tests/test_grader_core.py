@@ -30,6 +30,7 @@ from grader.judge.judge import (
     ScenarioRecord,
     behaves_like,
     compare,
+    decode_messages,
     decode_value,
     judge,
     shown_error,
@@ -629,3 +630,42 @@ def test_torchs_version_is_read_without_importing_it_even_without_its_metadata(m
 
     monkeypatch.setattr(metadata, "version", no_torch_metadata)
     assert torch.__version__ in reference.torch_version()
+
+
+def test_a_scenario_says_when_a_launch_of_ranks_inside_it_ran_out_of_time(monkeypatch):
+    from labkit import launch
+
+    published: list = []
+    monkeypatch.setattr(probe, "publish", lambda message: published.append(json.loads(json.dumps(message))))
+    before = probe._launches_timed_out()
+    launch.finish("2 ranks", -9, "", False, 1.0, ["ranks"], check=False, timeout=20)
+    probe.Recorder("f").end(None, probe._launches_timed_out() > before)
+    launch.finish("2 ranks", -9, "", True, 20.0, ["ranks"], check=False, timeout=20)
+    probe.Recorder("f").end(None, probe._launches_timed_out() > before)
+    assert [decode_messages([m], "f").ran_out_of_time for m in published] == [False, True]
+    with pytest.raises(BadPayload):
+        decode_messages([{**published[1], "ran_out_of_time": "yes"}], "f")
+
+
+def test_a_known_mistake_cut_short_by_a_time_limit_is_recorded_again_alone(tmp_path, monkeypatch):
+    """On a busy machine a launch of ranks can hit its time limit in a mutant's test (CI once recorded a mistake of
+    07 that way, and then never named it): that group is recorded once more before anything is cached."""
+    from grader.judge import grading
+
+    monkeypatch.setattr(reference, "REFERENCE_CACHE", tmp_path)
+    calls: list[list[Step]] = []
+
+    def run_steps(steps, new_kernel, timeout):
+        calls.append(steps)
+        late = len(calls) == 1  # the first group's first recording only
+        return [StepRun(payloads=[{"test": s.test, "seq": 0, "kind": "end", "error": None, "ran_out_of_time": late}]
+                        if s.test else []) for s in steps]
+
+    monkeypatch.setattr(grading.harness, "run_steps", run_steps)
+    one = assignment_named("01")
+    mistakes = known_mistakes(one, lambda: None, 30, jobs=1)
+    groups = grading.pack_mutants(grading.load_mutants(one))
+    assert len(calls) == len(groups) + 1 and calls[-1] == calls[0]
+    assert not any(record.ran_out_of_time for by_name in mistakes.values() for record in by_name.values())
+    assert sum(len(by_name) for by_name in mistakes.values()) == sum(len(group) for group in groups)
+    assert [p.name for p in tmp_path.rglob("*.json")]

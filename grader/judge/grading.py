@@ -250,9 +250,22 @@ def reference_records(assignment: Assignment, new_kernel: Callable[[], Kernel], 
     if path.exists():
         sent = json.loads(path.read_text())
     else:
-        sent = _run_reference(assignment, new_kernel, timeout, released)
+        try:
+            sent = _run_reference(assignment, new_kernel, timeout, released)
+        except RanOutOfTime:  # once more: a busy machine, not the reference, is the likely cause
+            sent = _run_reference(assignment, new_kernel, timeout, released)
         _write_atomically(path, sent)
     return {test: decode_messages(messages, test) for test, messages in sent.items()}
+
+
+class RanOutOfTime(GradingEnvironmentBroken):
+    """The reference run's launch of ranks was stopped at its time limit."""
+
+
+def _ran_out_of_time(run: StepRun) -> bool:
+    """Whether a time limit cut this step short: the cell's, or that of a launch of ranks inside its scenario."""
+    end = run.payloads[-1] if run.payloads else None
+    return run.failure in (TIMEOUT, KILLED) or (isinstance(end, dict) and end.get("ran_out_of_time") is True)
 
 
 def _run_reference(assignment: Assignment, new_kernel: Callable[[], Kernel], timeout: float,
@@ -273,6 +286,8 @@ def _run_reference(assignment: Assignment, new_kernel: Callable[[], Kernel], tim
             record = decode_messages(run.payloads, step.test)
         except BadPayload as bad:
             raise GradingEnvironmentBroken(f"{where}: the reference run's result could not be read ({bad})") from None
+        if record.ran_out_of_time:
+            raise RanOutOfTime(f"{where}: a launch of ranks ran past its time limit in the reference run")
         if record.error:
             raise GradingEnvironmentBroken(f"{where}: the reference solution did not complete the scenario ({record.error})")
         if not record.observed:
@@ -293,20 +308,26 @@ def known_mistakes(assignment: Assignment, new_kernel: Callable[[], Kernel], tim
     if path.exists():
         sent = json.loads(path.read_text())
     else:
-        def record(group: list[Mutant]) -> tuple[list[tuple[str, str, list]], bool]:
-            """What each mutant of `group` recorded, and whether every step got a kernel to run in."""
+        def record(group: list[Mutant]) -> tuple[list[tuple[str, str, list]], bool, bool]:
+            """What each mutant of `group` recorded, whether every step got a kernel to run in, and whether a time
+            limit cut a mutant's test short (on a busy machine that happens to correct code too)."""
             steps = plan(mutant_submission(assignment, group, released), assignment)
             runs = harness.run_steps(steps, new_kernel, timeout)
             ran = {step.test: run for step, run in zip(steps, runs) if step.test}
             return ([(m.exercise, m.name, ran[m.exercise].payloads) for m in group if not ran[m.exercise].failure],
-                    all(run.failure != NOT_RUN for run in runs))
+                    all(run.failure != NOT_RUN for run in runs), any(_ran_out_of_time(ran[m.exercise]) for m in group))
 
-        sent, complete = {}, True
+        groups = pack_mutants(load_mutants(assignment))
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            for recorded, ran_all in pool.map(record, pack_mutants(load_mutants(assignment))):
-                complete &= ran_all
-                for exercise, name, messages in recorded:
-                    sent.setdefault(exercise, {})[name] = messages
+            outcomes = list(pool.map(record, groups))
+        # A group cut short by a time limit is recorded once more, alone, without its peers loading the machine.
+        outcomes = [record(group) if late else (recorded, ran_all, late)
+                    for group, (recorded, ran_all, late) in zip(groups, outcomes)]
+        sent, complete = {}, True
+        for recorded, ran_all, _ in outcomes:
+            complete &= ran_all
+            for exercise, name, messages in recorded:
+                sent.setdefault(exercise, {})[name] = messages
         if complete:  # a run cut short (no kernel: the batch stopping, a server gone) is not kept for the version
             _write_atomically(path, sent)
     decoded: dict[str, dict[str, ScenarioRecord]] = {}

@@ -50,6 +50,7 @@ class ScenarioRecord:
     expected: dict[str, object]
     error: str | None
     meddled: bool = False  # something besides the scenario's code called observe (grader/kernel/probe.py)
+    ran_out_of_time: bool = False  # a launch of ranks in the scenario hit its time limit (a busy machine can do that)
 
 
 @dataclass(frozen=True)
@@ -184,8 +185,10 @@ def decode_messages(messages: object, test: str) -> ScenarioRecord:
         if kind == "end":
             _expect(seq == len(messages) - 1, "messages after the end")
             error, meddled = message.get("error"), message.get("meddled", False)
-            _expect((error is None or isinstance(error, str)) and isinstance(meddled, bool), "malformed end message")
-            return ScenarioRecord(test, tuple(items), oracle, error, meddled)
+            late = message.get("ran_out_of_time", False)
+            _expect((error is None or isinstance(error, str)) and isinstance(meddled, bool) and isinstance(late, bool),
+                    "malformed end message")
+            return ScenarioRecord(test, tuple(items), oracle, error, meddled, late)
         item = message.get("item")
         _expect(kind in ("observed", "expected") and isinstance(item, dict) and isinstance(item.get("name"), str),
                 "malformed observation")

@@ -57,6 +57,7 @@ class Message(TypedDict, total=False):
     item: Observed  # observed and expected messages
     error: str | None  # end message: the class name of the exception that ended the scenario
     meddled: bool  # end message: something other than the scenario's code called observe or expect
+    ran_out_of_time: bool  # end message: a launch of ranks inside the scenario was stopped at its time limit
 
 
 def encode(value, depth: int = 0) -> dict:
@@ -164,8 +165,9 @@ class Recorder:
         """(Reference run only, inside `with oracle():`) the value `name` must have, computed by torch."""
         self._send("expected", name, value, {})
 
-    def end(self, error: str | None) -> None:
-        publish(Message(test=self.test, seq=self.sent, kind="end", error=error, meddled=self.meddled))
+    def end(self, error: str | None, ran_out_of_time: bool = False) -> None:
+        publish(Message(test=self.test, seq=self.sent, kind="end", error=error, meddled=self.meddled,
+                        ran_out_of_time=ran_out_of_time))
 
 
 # torch's global switches that change what a computation returns, as a fresh kernel has them:
@@ -270,13 +272,19 @@ def run(test_id: str, code: str, answers: tuple[str, ...], inject: str = "", inj
     positions = user_ns.get(POSITIONS)
     recorder = Recorder(test_id)
     error = None
+    timeouts_before = _launches_timed_out()
     try:
         with _place(user_ns, positions.get(position) if position and isinstance(positions, dict) else None), \
                 course_defaults():
             _scenario(user_ns, test_id, code, answers, inject, inject_names, recorder)
     except BaseException as exc:
         error = type(exc).__name__
-    recorder.end(error)
+    recorder.end(error, _launches_timed_out() > timeouts_before)
+
+
+def _launches_timed_out() -> int:
+    """labkit.launch's count of launches stopped at their time limit (0 before anything launched)."""
+    return getattr(sys.modules.get("labkit.launch"), "launches_timed_out", 0)
 
 
 @contextlib.contextmanager

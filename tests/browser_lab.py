@@ -1,8 +1,10 @@
-"""JupyterLab in a real browser for tests/test_browser.py: a private server, Chromium, and the page scripts.
+"""JupyterLab in a real browser for tests/test_browser.py and tests/test_browser_released.py: a private server,
+Chromium, and the page scripts.
 
 Nothing here is a test. `LabServer` starts `jupyter lab` on 127.0.0.1 with its own port, token and
 settings/runtime/workspace/config folders; `LabPage` drives one JupyterLab page in Debian's Chromium
-through Playwright (never Playwright's own browser download); `processes_left` lists what survived.
+through Playwright (never Playwright's own browser download); `processes_left` lists what survived;
+`lab_fixture` is a test module's server and page over one folder of notebooks, `Timings` what it measured.
 """
 
 from __future__ import annotations
@@ -12,14 +14,18 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import pytest
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -118,6 +124,85 @@ class LabServer:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(10)
+
+
+# ---------------------------------------------------------------- a test module's lab
+
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "browser"
+
+
+def notebooks_in(folder: str) -> list[Path]:
+    """The notebooks of the course's `folder` (solutions or notebooks), found when the tests are collected."""
+    from conftest import REPO
+
+    return sorted(p for p in REPO.glob(f"{folder}/*/*.ipynb")
+                  if not any(part.startswith(".") for part in p.relative_to(REPO).parts)
+                  and not p.stem.endswith("-checkpoint"))
+
+
+class Timings:
+    """What one browser test module measured, per notebook, rewritten to test-artifacts/browser/`file` after each."""
+
+    def __init__(self, file: str, lab: dict[str, float]) -> None:
+        self.path, self.lab, self.notebooks = ARTIFACTS / file, lab, {}  # lab: server start and page load
+
+    def add(self, notebook: str, entry: dict) -> None:
+        self.notebooks[notebook] = entry
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps({"notebooks": self.notebooks, **self.lab}, indent=1, sort_keys=True))
+
+
+def lab_fixture(folder: str, timings_file: str):
+    """A module-scoped fixture: a JupyterLab server over a copy of `folder` (solutions or notebooks) and one
+    Chromium page on it, as (page, Timings); at teardown, nothing the test started may be left running."""
+
+    @pytest.fixture(scope="module")
+    def lab(tmp_path_factory) -> Iterator[tuple[LabPage, Timings]]:
+        from conftest import CHROMIUM, REPO, require_chromium
+
+        require_chromium()
+        from playwright.sync_api import sync_playwright
+
+        home = tmp_path_factory.mktemp("browser-lab")
+        shutil.copytree(REPO / folder, home / "course" / folder,
+                        ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+        before = descendants(os.getpid())
+        server = LabServer(home / "course", home)
+        playwright = browser = None
+        watched: set[int] = set()
+        try:
+            server_s = server.start()
+            playwright = sync_playwright().start()
+            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+            page = LabPage(browser.new_context(viewport=VIEWPORT).new_page(), server)
+            load_s = page.load()
+            print(f"\nJupyterLab: server up in {server_s:.1f} s, page loaded in {load_s:.1f} s")
+            watched = descendants(os.getpid()) - before
+            yield page, Timings(timings_file, {"server_start_s": round(server_s, 2), "lab_load_s": round(load_s, 2)})
+        finally:
+            watched |= descendants(os.getpid()) - before
+            server.stop()
+            if browser is not None:
+                browser.close()
+            if playwright is not None:
+                playwright.stop()
+            left = processes_left(watched, str(home))
+            assert not left, "processes left behind by the browser test:\n" + "\n".join(left)
+
+    return lab
+
+
+def screenshot(page: LabPage, name: str) -> Path:
+    """The page as it looks now, saved as test-artifacts/browser/`name`.png."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    target = ARTIFACTS / f"{name}.png"
+    page.page.screenshot(path=str(target))
+    return target
+
+
+def errors(cell: dict) -> list[tuple[str, str]]:
+    """(ename, evalue) of each error a cell (LabPage.cells) shows."""
+    return [(o["ename"], o["evalue"]) for o in cell["outputs"] if o["output_type"] == "error"]
 
 
 # ---------------------------------------------------------------- processes

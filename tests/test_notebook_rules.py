@@ -2,7 +2,8 @@
 
 The rule in tests/notebook_rules.py: a number in prose is a definition or printed by a cell. (That a released
 notebook with blank answers runs to the end, failing only in its exercise cells, is checked where a student
-meets it: tests/test_browser.py runs every released notebook in JupyterLab, browser_lab.student_experience_problems.)
+meets it: tests/test_browser_released.py runs every released notebook in JupyterLab,
+browser_lab.student_experience_problems.)
 """
 
 import pytest

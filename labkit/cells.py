@@ -58,18 +58,46 @@ def points(cells: list[Mapping[str, Any]]) -> dict[str, float]:
     return {grade_id(c): float(nbgrader(c)["points"]) for c in cells if kind(c) == TEST}
 
 
-def defined_names(source: str) -> set[str]:
-    """The names a cell's code defines at top level (functions, classes, assignments); none when it is not Python
-    (notebook 00)."""
+# The largest cell whose names are read (a syntax tree takes hundreds of bytes per character: the grader parses
+# students' cells in its own process, and a 2 MB cell would cost it a gigabyte). A longer cell defines nothing as far
+# as the course can tell: it is never "only definitions", and names no copy of an answer.
+MAX_PARSED_CHARS = 64 * 1024
+
+
+def defined_names(source: str, imports: bool = True) -> list[str]:
+    """The names a cell binds in the notebook's namespace (functions, classes, imports unless `imports` is False,
+    assignments, also inside `if`/`for`/`with`/`try` blocks and under IPython magics such as `%%time`), in order;
+    none when it is not Python or longer than MAX_PARSED_CHARS (notebook 00)."""
+    if len(source) > MAX_PARSED_CHARS:
+        return []
     try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return set()
-    names = set()
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names.update(t.id for t in targets if isinstance(t, ast.Name))
+        body = ast.parse(_without_magics(source)).body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    return list(dict.fromkeys(_bound(body, imports)))
+
+
+def _without_magics(source: str) -> str:
+    """The cell as Python: a leading cell magic's line and every line magic or shell line blanked."""
+    lines = source.splitlines()
+    if lines and lines[0].lstrip().startswith("%%"):
+        lines[0] = ""
+    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in lines)
+
+
+def _bound(statements: list[ast.stmt], imports: bool) -> list[str]:
+    names: list[str] = []
+    for statement in statements:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.append(statement.name)
+        elif isinstance(statement, (ast.Import, ast.ImportFrom)):
+            names += [alias.asname or alias.name.split(".")[0] for alias in statement.names] if imports else []
+        elif isinstance(statement, (ast.Assign, ast.AnnAssign)):
+            targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+            names += [n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name)]
+        else:  # a block: what its branches bind is bound too (a definition inside `for`, `with`, `if`, `try`)
+            for branch in ("body", "orelse", "finalbody"):
+                names += _bound(getattr(statement, branch, []), imports)
+            for handler in getattr(statement, "handlers", []):
+                names += _bound(handler.body, imports)
     return names

@@ -207,8 +207,8 @@ def live_notebook(assignment: str, history: list[str]) -> nbformat.NotebookNode 
     nb = nbformat.read(path, as_version=4)
     found = 0
     for cell in nb.cells:
-        names = cells.defined_names(cell.source) if cells.kind(cell) == cells.ANSWER else set()
-        ran = [code for code in history if names and names <= cells.defined_names(code)]
+        names = set(cells.defined_names(cell.source, imports=False)) if cells.kind(cell) == cells.ANSWER else set()
+        ran = [code for code in history if names and names <= set(cells.defined_names(code, imports=False))]
         if ran:
             cell.source = ran[-1]
             found += 1

@@ -331,7 +331,8 @@ def test_cells_that_only_define_things_still_run_after_the_own_cells_budget():
 
 
 def test_what_counts_as_only_defining_things():
-    from grader.kernel.harness import defined_names, defines_only
+    from grader.kernel.harness import defines_only
+    from labkit.cells import defined_names
 
     for source in ("import torch\nfrom math import pi as PI", "def f(x, n=-1, *a, k: int | None = None):\n    return g()",
                    'class Net(torch.nn.Module):\n    """doc"""\n    size: int = 3\n    def forward(self, x):\n'
@@ -574,11 +575,12 @@ def test_a_huge_cell_costs_the_graders_own_process_no_syntax_tree():
 
     from grader.kernel import harness
     from grader.report import similarity
+    from labkit import cells
 
     huge = "def helper():\n    return 1\n" * 200_000  # 5.6 MB: its syntax tree would take gigabytes
     tracemalloc.start()
     try:
-        assert not harness.defines_only(huge) and harness.defined_names(huge) == []
+        assert not harness.defines_only(huge) and cells.defined_names(huge) == []
         assert len(similarity.tokens(huge)) < 200_000
         peak = tracemalloc.get_traced_memory()[1]
     finally:

@@ -193,7 +193,7 @@ def skipped_definitions(steps: list[Step], runs: list[StepRun], shown: int = 3) 
     """The first few skipped cells of the student's own that define names, as a hint names them ('' when none):
     "cell 21 (defines `helper`)"."""
     named = [(step.label, names) for step, run in zip(steps, runs)
-             if run.failure == SKIPPED and (names := harness.defined_names(step.code))]
+             if run.failure == SKIPPED and (names := cells.defined_names(step.code))]
     return ", ".join(f"{label} (defines {', '.join(f'`{n}`' for n in names[:shown])})" for label, names in named[:shown])
 
 

@@ -7,7 +7,6 @@ import unicodedata
 
 import nbformat
 
-from grader.kernel.harness import defined_names
 from grader.results import Note, NoteKind
 from labkit import cells
 
@@ -56,7 +55,7 @@ def _copied_note(grade_id: str, indices: list[int], submitted: nbformat.Notebook
 
     None for a cell split in two (its halves define different names: both run, nothing is hidden)."""
     def bound(index: int) -> list[str]:  # imports left out: both halves of a split cell may import torch
-        return defined_names(normalised(submitted.cells[index].source), imports=False)
+        return cells.defined_names(normalised(submitted.cells[index].source), imports=False)
 
     names = bound(indices[-1])
     rivals = [i for i in indices[:-1] if set(names) & set(bound(i))]

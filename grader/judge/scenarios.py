@@ -96,10 +96,11 @@ def scenarios(assignment: Assignment) -> tuple[Scenario, ...]:
     except that a test given another exercise's reference answer (`uses_reference`) runs after that exercise's
     own test — the student's code sees the reference while it runs, so it must be too late to use it there."""
     answers = reference_answers(assignment)
-    providers = {name: (cell_id, source) for cell_id, source in answers.items() for name in cells.defined_names(source)}
+    providers = {name: (cell_id, source) for cell_id, source in answers.items()
+                 for name in cells.defined_names(source, imports=False)}
     source = nbformat.read(assignment.source, as_version=4).cells
     stubs = [SOLUTION_BLOCK.sub("raise NotImplementedError()\n", c.source) for c in source if cells.kind(c) == cells.ANSWER]
-    exposed = tuple(sorted({name for stub in stubs for name in cells.defined_names(stub)}))
+    exposed = tuple(sorted({name for stub in stubs for name in cells.defined_names(stub, imports=False)}))
     found, after = [], {}
     for cell in source:
         if cells.kind(cell) != cells.TEST:
@@ -113,7 +114,7 @@ def scenarios(assignment: Assignment) -> tuple[Scenario, ...]:
         inject = "\n\n".join(dict.fromkeys(providers[n][1] for n in needs))
         after[info["grade_id"]] = {providers[n][0].removesuffix("_answer") for n in needs}
         found.append(Scenario(info["grade_id"], cells.points([cell])[info["grade_id"]], student, reference, exposed, inject,
-                              tuple(sorted(cells.defined_names(inject))) if inject else ()))
+                              tuple(sorted(cells.defined_names(inject, imports=False))) if inject else ()))
     return tuple(_dependencies_first(found, after))
 
 

@@ -23,6 +23,7 @@ from queue import Empty
 from jupyter_client import KernelManager
 
 from grader.kernel import probe
+from labkit import cells
 
 PROBE_SOURCE = Path(probe.__file__).read_text(encoding="utf-8")
 MAX_OUTPUT_CHARS = 1_000_000  # per step, what a cell prints or displays
@@ -98,15 +99,9 @@ def _defines(statement: ast.stmt) -> bool:
     return isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)  # a docstring
 
 
-# The largest cell the grader's own process parses (a student's source: its syntax tree takes hundreds of bytes
-# per character, so a 2 MB cell would cost the worker a gigabyte). A longer cell defines nothing as far as the
-# grader can tell: it is never "only definitions", and names no copy of an answer.
-MAX_PARSED_CHARS = 64 * 1024
-
-
 def _statements(source: str) -> list[ast.stmt] | None:
     """The top-level statements of a student's cell, or None when it does not parse or is too long to parse here."""
-    if len(source) > MAX_PARSED_CHARS:
+    if len(source) > cells.MAX_PARSED_CHARS:
         return None
     try:
         return ast.parse(source).body
@@ -121,39 +116,6 @@ def defines_only(source: str) -> bool:
     helper it defines."""
     body = _statements(source)
     return body is not None and all(map(_defines, body))
-
-
-def defined_names(source: str, imports: bool = True) -> list[str]:
-    """The names a cell binds in the notebook's namespace (functions, classes, imports unless `imports` is False,
-    assignments, also inside `if`/`for`/`with`/`try` blocks and under IPython magics such as `%%time`), in order."""
-    body = _statements(_without_magics(source))
-    return list(dict.fromkeys(_bound(body or [], imports)))
-
-
-def _without_magics(source: str) -> str:
-    """The cell as Python: a leading cell magic's line and every line magic or shell line blanked."""
-    lines = source.splitlines()
-    if lines and lines[0].lstrip().startswith("%%"):
-        lines[0] = ""
-    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in lines)
-
-
-def _bound(statements: list[ast.stmt], imports: bool) -> list[str]:
-    names: list[str] = []
-    for statement in statements:
-        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.append(statement.name)
-        elif isinstance(statement, (ast.Import, ast.ImportFrom)):
-            names += [alias.asname or alias.name.split(".")[0] for alias in statement.names] if imports else []
-        elif isinstance(statement, (ast.Assign, ast.AnnAssign)):
-            targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
-            names += [n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name)]
-        else:  # a block: what its branches bind is bound too (a definition inside `for`, `with`, `if`, `try`)
-            for branch in ("body", "orelse", "finalbody"):
-                names += _bound(getattr(statement, branch, []), imports)
-            for handler in getattr(statement, "handlers", []):
-                names += _bound(handler.body, imports)
-    return names
 
 
 @dataclass(frozen=True)

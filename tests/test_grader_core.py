@@ -649,9 +649,19 @@ def test_a_scenario_says_when_a_launch_of_ranks_inside_it_ran_out_of_time(monkey
         decode_messages([{**published[1], "ran_out_of_time": "yes"}], "f")
 
 
-def test_a_known_mistake_cut_short_by_a_time_limit_is_recorded_again_alone(tmp_path, monkeypatch):
+def _scenario_runs(steps, late: bool) -> list[StepRun]:
+    """What harness.run_steps returns when every scenario observes one number; `late`: a launch inside ran out of time."""
+    return [StepRun(payloads=[{"test": s.test, "seq": 0, "kind": "observed",
+                               "item": {"name": "x", "value": probe.encode(1.0), "spec": {}}},
+                              {"test": s.test, "seq": 1, "kind": "end", "error": None, "ran_out_of_time": late}]
+                    if s.test else []) for s in steps]
+
+
+@pytest.mark.parametrize("late_runs", [1, 2], ids=["in time when recorded again", "late again"])
+def test_a_known_mistake_cut_short_by_a_time_limit_is_recorded_again_alone(tmp_path, monkeypatch, late_runs):
     """On a busy machine a launch of ranks can hit its time limit in a mutant's test (CI once recorded a mistake of
-    07 that way, and then never named it): that group is recorded once more before anything is cached."""
+    07 that way, and then never named it): that group is recorded once more; what is still late serves this run
+    but is not cached for the version."""
     from grader.judge import grading
 
     monkeypatch.setattr(reference, "REFERENCE_CACHE", tmp_path)
@@ -659,15 +669,32 @@ def test_a_known_mistake_cut_short_by_a_time_limit_is_recorded_again_alone(tmp_p
 
     def run_steps(steps, new_kernel, timeout):
         calls.append(steps)
-        late = len(calls) == 1  # the first group's first recording only
-        return [StepRun(payloads=[{"test": s.test, "seq": 0, "kind": "end", "error": None, "ran_out_of_time": late}]
-                        if s.test else []) for s in steps]
+        return _scenario_runs(steps, late=steps == calls[0] and calls.count(steps) <= late_runs)
 
     monkeypatch.setattr(grading.harness, "run_steps", run_steps)
     one = assignment_named("01")
     mistakes = known_mistakes(one, lambda: None, 30, jobs=1)
     groups = grading.pack_mutants(grading.load_mutants(one))
     assert len(calls) == len(groups) + 1 and calls[-1] == calls[0]
-    assert not any(record.ran_out_of_time for by_name in mistakes.values() for record in by_name.values())
     assert sum(len(by_name) for by_name in mistakes.values()) == sum(len(group) for group in groups)
-    assert [p.name for p in tmp_path.rglob("*.json")]
+    late = [name for by_name in mistakes.values() for name, record in by_name.items() if record.ran_out_of_time]
+    assert late == ([] if late_runs == 1 else [m.name for m in groups[0]])
+    assert bool(list(tmp_path.rglob("*.json"))) == (late_runs == 1)
+
+
+def test_a_reference_run_a_time_limit_stopped_is_run_once_more(tmp_path, monkeypatch):
+    from grader.judge import grading
+
+    monkeypatch.setattr(reference, "REFERENCE_CACHE", tmp_path)
+    outcomes = iter([True, False, True, True])  # late, then in time; then late twice
+
+    def run_steps(steps, new_kernel, timeout):
+        return _scenario_runs(steps, late=next(outcomes))
+
+    monkeypatch.setattr(grading.harness, "run_steps", run_steps)
+    assert grading.reference_records(assignment_named("01"), lambda: None, 30)
+    assert list(tmp_path.rglob("*.json"))
+    monkeypatch.setattr(reference, "REFERENCE_CACHE", tmp_path / "again")
+    with pytest.raises(grading.RanOutOfTime):
+        grading.reference_records(assignment_named("01"), lambda: None, 30)
+    assert not list((tmp_path / "again").rglob("*.json"))

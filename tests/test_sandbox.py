@@ -476,9 +476,11 @@ result = {
     assert result == {"one file": 27, "tmp": 28, "shm": 28}, result  # EFBIG, ENOSPC, ENOSPC
 
 
-def test_cpu_time_is_capped_and_named(start):
+def test_cpu_time_is_capped_and_named(start, server):
     step = run(start(), "while True:\n    pass", timeout=60)
-    assert step.failure == DIED and step.reason.startswith("CPU time limit"), (step.failure, step.reason)
+    exit_report = latest_folder(server).with_suffix(".exit.json")  # the sandbox's report: exit status 128 + signal
+    assert step.failure == DIED and step.reason.startswith("CPU time limit"), (
+        step.failure, step.reason, exit_report.read_text() if exit_report.exists() else "no exit report")
 
 
 def test_a_timeout_kill_leaves_nothing_on_the_host(start, server, monkeypatch):

@@ -259,7 +259,7 @@ def reference_records(assignment: Assignment, new_kernel: Callable[[], Kernel], 
 
 
 class RanOutOfTime(GradingEnvironmentBroken):
-    """The reference run's launch of ranks was stopped at its time limit."""
+    """A time limit stopped the reference run: a cell's, or that of a launch of ranks inside a scenario."""
 
 
 def _ran_out_of_time(run: StepRun) -> bool:
@@ -276,7 +276,8 @@ def _run_reference(assignment: Assignment, new_kernel: Callable[[], Kernel], tim
     for step, run in zip(steps, runs):
         where = f"{assignment.name}, {'hidden test ' + step.test if step.test else 'cell ' + step.label}"
         if run.failure and run.failure != OUTPUT_LIMIT:
-            raise GradingEnvironmentBroken(f"{where}: the reference run stopped ({run.failure.value})")
+            stopped = RanOutOfTime if run.failure in (TIMEOUT, KILLED) else GradingEnvironmentBroken
+            raise stopped(f"{where}: the reference run stopped ({run.failure.value})")
         if not step.test:
             if run.error:
                 detail = next((o.get("evalue", "") for o in run.outputs if o.get("output_type") == "error"), "")
@@ -296,6 +297,16 @@ def _run_reference(assignment: Assignment, new_kernel: Callable[[], Kernel], tim
     return sent
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """One known mistake's recording: its exercise, the test's messages (None when the test failed to run), and
+    whether a time limit cut the test short."""
+
+    exercise: str
+    messages: list | None
+    late: bool
+
+
 def known_mistakes(assignment: Assignment, new_kernel: Callable[[], Kernel], timeout: float, jobs: int = 1,
                    released: nbformat.NotebookNode | None = None) -> dict[str, dict[str, ScenarioRecord]]:
     """test → mutant name → what that mutant's scenario recorded (cached like the reference records).
@@ -308,27 +319,34 @@ def known_mistakes(assignment: Assignment, new_kernel: Callable[[], Kernel], tim
     if path.exists():
         sent = json.loads(path.read_text())
     else:
-        def record(group: list[Mutant]) -> tuple[list[tuple[str, str, list]], bool, bool]:
-            """What each mutant of `group` recorded, whether every step got a kernel to run in, and whether a time
-            limit cut a mutant's test short (on a busy machine that happens to correct code too)."""
+        def record(group: list[Mutant]) -> tuple[dict[str, Recorded], bool]:
+            """Each mutant of `group`'s recording, and whether every step got a kernel to run in."""
             steps = plan(mutant_submission(assignment, group, released), assignment)
             runs = harness.run_steps(steps, new_kernel, timeout)
             ran = {step.test: run for step, run in zip(steps, runs) if step.test}
-            return ([(m.exercise, m.name, ran[m.exercise].payloads) for m in group if not ran[m.exercise].failure],
-                    all(run.failure != NOT_RUN for run in runs), any(_ran_out_of_time(ran[m.exercise]) for m in group))
+            return ({m.name: Recorded(m.exercise, None if ran[m.exercise].failure else ran[m.exercise].payloads,
+                                      _ran_out_of_time(ran[m.exercise])) for m in group},
+                    all(run.failure != NOT_RUN for run in runs))
 
         groups = pack_mutants(load_mutants(assignment))
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             outcomes = list(pool.map(record, groups))
-        # A group cut short by a time limit is recorded once more, alone, without its peers loading the machine.
-        outcomes = [record(group) if late else (recorded, ran_all, late)
-                    for group, (recorded, ran_all, late) in zip(groups, outcomes)]
-        sent, complete = {}, True
-        for recorded, ran_all, _ in outcomes:
-            complete &= ran_all
-            for exercise, name, messages in recorded:
-                sent.setdefault(exercise, {})[name] = messages
-        if complete:  # a run cut short (no kernel: the batch stopping, a server gone) is not kept for the version
+        complete = all(ran_all for _, ran_all in outcomes)
+        recordings = {name: recorded for by_name, _ in outcomes for name, recorded in by_name.items()}
+        # A time limit can cut a test short on a busy machine, for correct code too: such a group is recorded once
+        # more, alone, without its peers loading the machine, and each of its mutants keeps a recording that ran in
+        # time. One still cut short serves this run but is not kept for the version.
+        for group, (by_name, _) in zip(groups, outcomes):
+            if any(recorded.late for recorded in by_name.values()):
+                again, ran_all = record(group)
+                complete &= ran_all
+                recordings |= {name: recorded for name, recorded in again.items() if recordings[name].late}
+        complete &= not any(recorded.late for recorded in recordings.values())
+        sent = {}
+        for name, recorded in recordings.items():
+            if recorded.messages is not None:
+                sent.setdefault(recorded.exercise, {})[name] = recorded.messages
+        if complete:  # cut short (no kernel: the batch stopping, a server gone; a time limit) is not kept
             _write_atomically(path, sent)
     decoded: dict[str, dict[str, ScenarioRecord]] = {}
     for test, by_name in sent.items():

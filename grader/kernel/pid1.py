@@ -164,8 +164,10 @@ def _watch(kernel: _Kernel, request: Request, watch: MemoryWatch | None) -> str:
 
 
 def _cpu_reason(code: int, usage: object, limits: SandboxLimits) -> str:
+    """The CPU limit's name when it ended the kernel: SIGXCPU at the soft limit (RLIMIT_CPU is what sends it), or
+    SIGKILL once its CPU time reached the limit (the hard limit, should SIGXCPU not end it)."""
     cpu = getattr(usage, "ru_utime", 0.0) + getattr(usage, "ru_stime", 0.0)
-    if code < 0 and -code in (signal.SIGXCPU, signal.SIGKILL) and cpu >= limits["cpu_seconds"] - 0.5:
+    if code == -signal.SIGXCPU or (code == -signal.SIGKILL and cpu >= limits["cpu_seconds"] - 0.5):
         return f"CPU time limit: {limits['cpu_seconds']} s"
     return ""
 

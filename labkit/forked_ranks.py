@@ -151,10 +151,13 @@ def _fork_rank(fn: Callable[..., Any], args: tuple, kwargs: dict, join: Callable
 
 
 def _leave_together(timeout: float) -> None:
-    """Leave the process group; rank 0, which hosts the group's store, waits until every other rank has left.
+    """Leave the process group once every rank's function has returned; rank 0, which hosts the group's store,
+    waits until every other rank has left.
 
     A rank whose function ends without a last collective may still need rank 0's store (to join or to
-    leave the group) after rank 0's function has returned: rank 0 must not exit before it.
+    leave the group) after rank 0's function has returned: rank 0 must not exit before it. Nor may any rank
+    leave while another is still joining: gloo's connections of a rank that left close under a peer still
+    connecting to it ("Connection closed by peer", seen on a loaded machine).
     """
     import torch.distributed as dist
 
@@ -163,11 +166,14 @@ def _leave_together(timeout: float) -> None:
     from torch.distributed.distributed_c10d import _get_default_store
 
     store, rank, world = _get_default_store(), dist.get_rank(), dist.get_world_size()
+    deadline = time.monotonic() + timeout
+    store.add("tml/finished", 1)
+    while store.add("tml/finished", 0) < world and time.monotonic() < deadline:
+        time.sleep(0.005)
     dist.destroy_process_group()
     if rank != 0:
         store.add("tml/left", 1)
         return
-    deadline = time.monotonic() + timeout
     while store.add("tml/left", 0) < world - 1 and time.monotonic() < deadline:
         time.sleep(0.005)
 

@@ -150,14 +150,30 @@ def _fork_rank(fn: Callable[..., Any], args: tuple, kwargs: dict, join: Callable
     return ForkedRank(pid, os.fdopen(read_end, "rb", buffering=0))
 
 
-def _leave_together(timeout: float) -> None:
-    """Leave the process group once every rank's function has returned; rank 0, which hosts the group's store,
-    waits until every other rank has left.
+JOINED, LEFT = "tml/joined", "tml/left"  # counters on the group's store
+_counted = False  # in a rank (a fresh fork each): it has added itself to JOINED
 
-    A rank whose function ends without a last collective may still need rank 0's store (to join or to
-    leave the group) after rank 0's function has returned: rank 0 must not exit before it. Nor may any rank
-    leave while another is still joining: gloo's connections of a rank that left close under a peer still
-    connecting to it ("Connection closed by peer", seen on a loaded machine).
+
+def _count_joined() -> None:
+    """Say on the group's store, once, that this rank's `init_process_group` has returned."""
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    global _counted
+    if dist.is_initialized() and not _counted:
+        _get_default_store().add(JOINED, 1)
+        _counted = True
+
+
+def _leave_together(timeout: float) -> None:
+    """Leave the process group once every rank has joined it; rank 0, which hosts the group's store, waits until
+    every other rank has left.
+
+    No rank may leave while another is still joining: gloo's connections of a rank that left close under a peer
+    still connecting to it ("Connection closed by peer" in init_process_group, seen on a loaded machine). Once
+    all have joined, a rank whose function has returned leaves at once, and a peer still waiting in a collective
+    for it fails then (notebook 07's claim 2), not at the launch's time limit. A rank whose function ends
+    without a last collective may still need rank 0's store to leave: rank 0 must not exit before it.
     """
     import torch.distributed as dist
 
@@ -165,16 +181,16 @@ def _leave_together(timeout: float) -> None:
         return
     from torch.distributed.distributed_c10d import _get_default_store
 
+    _count_joined()  # a function that joined the group itself
     store, rank, world = _get_default_store(), dist.get_rank(), dist.get_world_size()
     deadline = time.monotonic() + timeout
-    store.add("tml/finished", 1)
-    while store.add("tml/finished", 0) < world and time.monotonic() < deadline:
+    while store.add(JOINED, 0) < world and time.monotonic() < deadline:
         time.sleep(0.005)
     dist.destroy_process_group()
     if rank != 0:
-        store.add("tml/left", 1)
+        store.add(LEFT, 1)
         return
-    while store.add("tml/left", 0) < world - 1 and time.monotonic() < deadline:
+    while store.add(LEFT, 0) < world - 1 and time.monotonic() < deadline:
         time.sleep(0.005)
 
 
@@ -220,6 +236,7 @@ def _become_rank(fn: Callable[..., Any], args: tuple, kwargs: dict, join: Callab
         torch.set_num_threads(threads)
         if join is not None:
             join()
+            _count_joined()
         value = fn(*args, **kwargs)
         record, code = {"value": value}, 0
         _leave_together(timeout)

@@ -244,8 +244,8 @@ def finish(what: str, returncode: int, output: str, timed_out: bool, seconds: fl
     launches_timed_out += timed_out
     last = tail(output if tail_of is None else tail_of)
     if check and timed_out:
-        raise LaunchError(f"{what} ran past {timeout:.0f} s and was stopped; last output:\n{last}",
-                          f"{what} ran past {timeout:.0f} s and was stopped")
+        stopped = f"{what} ran past {timeout:.0f} s and {'were' if what == 'the ranks' else 'was'} stopped"
+        raise LaunchError(f"{stopped}; last output:\n{last}", stopped)
     if check and returncode != 0:
         raise LaunchError(f"{what} exited with status {returncode}; last output:\n{last}",
                           f"{what} exited with status {returncode}")

@@ -270,7 +270,7 @@ def test_function_ranks_timeout_stops_every_rank():
     with pytest.raises(LaunchError, match="ran past 2 s") as info:
         run_ranks(body, 2, backend="gloo", echo=False, timeout=2)
     assert time.perf_counter() - start < 15
-    assert info.value.summary == "the ranks ran past 2 s and was stopped"
+    assert info.value.summary == "the ranks ran past 2 s and were stopped"
 
 
 @pytest.mark.slow
@@ -393,3 +393,22 @@ def test_script_at_an_unfinished_exercise_raises_not_implemented(tmp_path: Path)
     """, tmp_path)
     with pytest.raises(NotImplementedError, match="unfinished exercise"):
         run_ranks(script, 2, timeout=120, echo=False)
+
+
+@pytest.mark.slow
+def test_a_rank_that_returns_first_makes_a_peers_unpartnered_all_reduce_fail_at_once():
+    # notebook 07's claim 2: rank 1 takes one step more than rank 0; its last all-reduce has no partner
+    def uneven_steps():
+        import torch
+        import torch.distributed as dist
+
+        try:
+            for _ in range(2 + dist.get_rank()):
+                dist.all_reduce(torch.ones(3))
+            return "finished"
+        except RuntimeError:
+            return "failed"
+
+    start = time.perf_counter()
+    assert run_ranks(uneven_steps, 2, backend="gloo", echo=False, timeout=40).values == ("finished", "failed")
+    assert time.perf_counter() - start < 20, "rank 1 waited for its time limit instead of failing when rank 0 left"

@@ -56,6 +56,7 @@ __all__ = ["BACKENDS", "LaunchError", "LaunchResult", "RankError", "choose_backe
            "run_torchrun", "start_rank_server", "torchrun_command", "write_script"]
 
 BACKENDS = ("gloo", "nccl")
+COLLECTIVE_GRACE_S = 10.0  # a function launch's collectives give up this long after the launch's time limit
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nobody listens on right now, chosen by the operating system (notebook 07)."""
@@ -335,7 +336,9 @@ def _run_function(fn: Callable[..., Any], nproc: int, args: tuple, kwargs: dict,
     port = free_port()
     envs = [{**rank_environment(rank, nproc, port), "TML_BACKEND": backend, "PYTHONUNBUFFERED": "1",
              "OMP_NUM_THREADS": str(threads_per_process), **(env or {})} for rank in range(nproc)]
-    join = (lambda: init_rank(backend, timeout_s=max(5.0, timeout))) if init else None
+    # Collectives wait longer than the launch: a hung one is ended by the launch's own limit, named as such
+    # (LaunchError "ran past", and the launch counted as timed out), never by a gloo error racing it.
+    join = (lambda: init_rank(backend, timeout_s=timeout + COLLECTIVE_GRACE_S)) if init else None
     return launch_function(fn, args, kwargs, envs, join, backend=backend, timeout=timeout, echo=echo, check=check,
                            threads=threads_per_process)
 

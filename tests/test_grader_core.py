@@ -22,12 +22,13 @@ from hypothesis import given
 
 from grader.course import assignment_named
 from grader.judge import reference
-from grader.judge.grading import Graded, known_mistakes
+from grader.judge.grading import Graded, known_mistakes, read_scenario
 from grader.judge.judge import (
     BadPayload,
     Observation,
     Opaque,
     ScenarioRecord,
+    Unreadable,
     behaves_like,
     compare,
     decode_messages,
@@ -186,6 +187,29 @@ def test_tensors_survive_the_trip(dtype):
 def test_malformed_values_are_refused(node):
     with pytest.raises(BadPayload):
         decode_value(node)
+
+
+def _observed(test: str, seq: int) -> dict:
+    return {"test": test, "seq": seq, "kind": "observed", "item": {"name": "x", "value": probe.encode(1.0), "spec": {}}}
+
+
+def _end(test: str, seq: int) -> dict:
+    return {"test": test, "seq": seq, "kind": "end", "error": None}
+
+
+@pytest.mark.parametrize("payloads, why", [
+    ([], Unreadable.NO_RESULT),
+    ([_observed("f", 0)], Unreadable.CUT_SHORT),
+    # a thread forging messages beside the test's trips whichever check its timing meets first: one kind for all
+    ([_observed("f", 0), _end("f", 1), _observed("f", 2)], Unreadable.FORGED),  # after the end
+    ([_observed("g", 0), _observed("f", 0), _end("f", 1)], Unreadable.FORGED),  # for another test
+    ([_observed("f", 0), _observed("f", 0), _end("f", 1)], Unreadable.FORGED),  # out of order
+    ([{**_observed("f", 0), "item": "x"}, _end("f", 1)], Unreadable.FORGED),  # malformed
+])
+def test_an_unreadable_result_is_named_by_its_kind_not_by_the_check_that_caught_it(payloads, why):
+    record, failure, kind = read_scenario("f", StepRun(payloads=payloads), 60)
+    assert record is None and kind == why
+    assert failure == f"{why.value} (something in the notebook interferes with the tests)"
 
 
 def test_a_class_the_student_named_is_never_named_back():

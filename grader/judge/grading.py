@@ -27,6 +27,7 @@ from grader.course import Assignment
 from grader.judge.judge import (
     BadPayload,
     ScenarioRecord,
+    Unreadable,
     Verdict,
     behaves_like,
     decode_messages,
@@ -52,7 +53,7 @@ class Graded:
     verdicts: dict[str, Verdict]
     mistakes: dict[str, str] = field(default_factory=dict)  # failed test -> known mistake (mutant) it behaves like
     clock: dict[str, float] = field(default_factory=dict)  # seconds spent starting and stopping kernels
-    unreadable: dict[str, str] = field(default_factory=dict)  # test -> why what its scenario sent could not be read
+    unreadable: dict[str, Unreadable] = field(default_factory=dict)  # test -> why what its scenario sent could not be read
     notes: list[Note] = field(default_factory=list)  # tests that could not be judged
 
     def seconds(self) -> dict[str, float]:
@@ -129,16 +130,24 @@ FAILURE_WORDS = {
 }
 
 
-FORGED = "a result did not come from the test (something in the notebook interferes with the tests)"
+def interference(why: Unreadable) -> str:
+    """What the student reads when what a test sent cannot be judged."""
+    return f"{why.value} (something in the notebook interferes with the tests)"
+
+
+def read_scenario(test: str, run: StepRun, timeout: float) -> tuple[ScenarioRecord | None, str, Unreadable | None]:
+    """What one scenario step sent back, decoded; what stopped it ('' when nothing did); and, when what it sent
+    cannot be read, why."""
+    failure = FAILURE_WORDS[run.failure].format(timeout=timeout)
+    try:
+        return decode_messages(run.payloads, test), failure, None
+    except BadPayload as bad:
+        return None, failure or interference(bad.why), bad.why
 
 
 def received(test: str, run: StepRun, timeout: float) -> tuple[ScenarioRecord | None, str]:
     """What one scenario step sent back, decoded, and what stopped it ('' when nothing did)."""
-    failure = FAILURE_WORDS[run.failure].format(timeout=timeout)
-    try:
-        return decode_messages(run.payloads, test), failure
-    except BadPayload as bad:
-        return None, failure or f"{bad} (something in the notebook interferes with the tests)"
+    return read_scenario(test, run, timeout)[:2]
 
 
 def verdict(test: str, points: float, reference: ScenarioRecord, run: StepRun, timeout: float) -> Verdict:
@@ -165,12 +174,12 @@ def grade_notebook(nb: nbformat.NotebookNode, assignment: Assignment, new_kernel
             continue
         mistakes = (known_mistakes or {}).get(step.test, {})
         try:
-            student, failure = received(step.test, run, timeout)
+            student, failure, why = read_scenario(step.test, run, timeout)
             reference = records[step.test]
             if student is not None and (student.meddled or overobserved(student, reference)):
-                student, failure = None, failure or FORGED
-            if student is None:
-                graded.unreadable[step.test] = failure
+                student, failure, why = None, failure or interference(Unreadable.FORGED), Unreadable.FORGED
+            if why is not None:
+                graded.unreadable[step.test] = why
             graded.verdicts[step.test] = judge(step.test, points[step.test], reference, student, failure,
                                                vocabulary(reference, mistakes.values()))
             if student is not None and student.error == "NameError" and skipped:
@@ -219,8 +228,7 @@ def run_notes(graded: Graded) -> list[Note]:
             notes.append(Note(NoteKind.LIMIT_HIT, f"out of memory in {where}"))
         elif step.test in graded.unreadable:
             # Something in the notebook got between the test and the grader: worth the instructor's look.
-            notes.append(Note(NoteKind.INTERFERENCE, f"interference in {where}: "
-                                                     f"{graded.unreadable[step.test].split(' (something')[0]}"))
+            notes.append(Note(NoteKind.INTERFERENCE, f"interference in {where}: {graded.unreadable[step.test].value}"))
     return notes + graded.notes
 
 

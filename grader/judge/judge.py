@@ -15,6 +15,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import Enum
 
 import torch
 
@@ -28,8 +29,22 @@ DTYPES = {name: getattr(torch, name) for name in (
     "complex64", "complex128")}
 
 
+class Unreadable(str, Enum):
+    """Why what a scenario sent cannot be judged, in the words feedback and status notes use: the kind only, never
+    which check caught it (a notebook forging messages from a thread trips a different check from run to run)."""
+
+    NO_RESULT = "no result"
+    CUT_SHORT = "the scenario's messages were cut short"
+    FORGED = "a result did not come from the test"  # forged, out of order, malformed, for another test, meddled
+
+
 class BadPayload(ValueError):
-    """The kernel sent something that is not a well-formed scenario result."""
+    """The kernel sent something that is not a well-formed scenario result: its kind, and (for trusted logs only)
+    the check that caught it."""
+
+    def __init__(self, detail: str, why: Unreadable = Unreadable.FORGED) -> None:
+        super().__init__(detail)
+        self.why = why
 
 
 @dataclass(frozen=True)
@@ -74,9 +89,9 @@ def shown_error(name: str | None) -> str:
 
 # --- decoding ---------------------------------------------------------------------------------------------
 
-def _expect(condition: bool, what: str) -> None:
+def _expect(condition: bool, what: str, why: Unreadable = Unreadable.FORGED) -> None:
     if not condition:
-        raise BadPayload(what)
+        raise BadPayload(what, why)
 
 
 def decode_value(node: object, depth: int = 0) -> object:
@@ -173,7 +188,7 @@ def decode_messages(messages: object, test: str) -> ScenarioRecord:
     order they came, as a ScenarioRecord; BadPayload unless they are exactly one run of `test`'s scenario:
     observations and oracle values numbered 0, 1, 2, … and then one end message (anything forged beside them
     repeats or skips a number)."""
-    _expect(isinstance(messages, list) and bool(messages), "no result")
+    _expect(isinstance(messages, list) and bool(messages), "no result", Unreadable.NO_RESULT)
     assert isinstance(messages, list)
     items: list[Observation] = []
     oracle: dict[str, object] = {}
@@ -198,7 +213,7 @@ def decode_messages(messages: object, test: str) -> ScenarioRecord:
             items.append(Observation(name, decode_value(item.get("value")), _spec(item.get("spec"))))
         else:
             oracle[name] = decode_value(item.get("value"))
-    raise BadPayload("no end message: the scenario's messages were cut short")
+    raise BadPayload("no end message", Unreadable.CUT_SHORT)
 
 
 # --- comparing ----------------------------------------------------------------------------------------------

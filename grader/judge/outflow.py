@@ -41,9 +41,10 @@ BITS_PER_NUMBER = math.log2(2 * 9 * 10 ** (DIGITS - 1) * 700 + 4)
 # got G" has D, I and G; a shape is counted as its numbers), and the message templates one observation can pick.
 MAX_NUMBERS = 4
 TEMPLATES = 64
-# How a scenario can stop instead of ending: timeout, timeout and killed, too much output, no result, more than one,
-# unreadable, for another test, cut short, not run; or the kernel died, without a reason or with the limit that
-# killed it: CPU time, memory (cgroup), memory (watchdog). A kill note names the course's limit only, never what the
+# How a scenario can stop instead of ending (grader.judge.grading.FAILURE_WORDS): timeout, timeout and killed, not
+# run, or what it sent cannot be read (grader.judge.judge.Unreadable: no result, cut short, not from the test) — 6,
+# counted as 9; or the kernel died, without a reason or with the limit that killed it: CPU time, memory (cgroup),
+# memory (watchdog). A kill note names the course's limit only, never what the
 # hand-in held or spent (tests/test_outflow.py checks that those never change its words).
 STOPS = 9
 KILL_NOTES = 1 + 3

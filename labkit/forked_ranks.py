@@ -151,18 +151,18 @@ def _fork_rank(fn: Callable[..., Any], args: tuple, kwargs: dict, join: Callable
 
 
 JOINED, LEFT = "tml/joined", "tml/left"  # counters on the group's store
-_counted = False  # in a rank (a fresh fork each): it has added itself to JOINED
+_counted: list[object] = []  # in a rank (a fresh fork each): the store it added itself to JOINED on
 
 
 def _count_joined() -> None:
-    """Say on the group's store, once, that this rank's `init_process_group` has returned."""
+    """Say on the group's store, once per group, that this rank's `init_process_group` has returned (a function
+    may destroy the group it was given and join a new one)."""
     import torch.distributed as dist
     from torch.distributed.distributed_c10d import _get_default_store
 
-    global _counted
-    if dist.is_initialized() and not _counted:
-        _get_default_store().add(JOINED, 1)
-        _counted = True
+    if dist.is_initialized() and not any(store is _get_default_store() for store in _counted):
+        _counted.append(_get_default_store())  # held: a store gone could hand its id to a new one
+        _counted[-1].add(JOINED, 1)  # type: ignore[attr-defined]
 
 
 def _leave_together(timeout: float) -> None:
@@ -238,8 +238,8 @@ def _become_rank(fn: Callable[..., Any], args: tuple, kwargs: dict, join: Callab
             join()
             _count_joined()
         value = fn(*args, **kwargs)
-        record, code = {"value": value}, 0
         _leave_together(timeout)
+        record, code = {"value": value}, 0  # only now: a rank that failed to leave has not succeeded
     except BaseException as exc:
         record = _failure_record(exc)
     finally:

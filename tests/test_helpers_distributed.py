@@ -416,6 +416,28 @@ def test_a_rank_that_returns_first_makes_a_peers_unpartnered_all_reduce_fail_at_
 
 
 @pytest.mark.slow
+def test_a_function_that_joins_a_group_of_its_own_leaves_it_with_its_peers(tmp_path: Path):
+    # an answer may leave the group it was given and join another (here on a file store of its own)
+    def rejoins():
+        import os
+
+        import torch
+        import torch.distributed as dist
+
+        dist.all_reduce(torch.ones(1))
+        dist.destroy_process_group()
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=int(os.environ["RANK"]),
+                                world_size=2)
+        total = torch.ones(1)
+        dist.all_reduce(total)
+        return float(total)
+
+    start = time.perf_counter()
+    assert run_ranks(rejoins, 2, backend="gloo", echo=False, timeout=30).values == (2.0, 2.0)
+    assert time.perf_counter() - start < 20, "the ranks waited for the launch's time limit to leave the new group"
+
+
+@pytest.mark.slow
 def test_a_collective_that_never_completes_is_ended_by_the_launch_time_limit():
     # The group's collectives wait longer than the launch: a hung all-reduce is stopped by the launch's limit, as a
     # timeout (which grading reads as "ran out of time"), never by a gloo error racing it on a loaded machine.

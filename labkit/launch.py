@@ -175,7 +175,8 @@ def stream(processes: Sequence[Process], label: Callable[[int, str], str], timeo
     """Collect the processes' output line by line, each line passed through `label(index, line)` (notebook 07).
 
     Returns everything printed, whether the time ran out, and the processes' indices in the order
-    their output closed (the order they exited in). With `stop_on_failure`, the first
+    their output closed (the order they exited in), those that failed before the others were stopped first.
+    With `stop_on_failure`, the first
     process to exit non-zero stops the others, as torchrun's agent does: a rank left waiting in
     a collective for a dead peer would otherwise hang until the timeout.
     """
@@ -184,6 +185,7 @@ def stream(processes: Sequence[Process], label: Callable[[int, str], str], timeo
     pending = {fd: "" for fd in readers}
     lines: list[str] = []
     closed: list[int] = []
+    failed_first: list[int] = []
     timed_out = False
 
     def emit(text: str) -> None:
@@ -198,7 +200,9 @@ def stream(processes: Sequence[Process], label: Callable[[int, str], str], timeo
             if left <= 0:
                 timed_out = True
                 break
-            if stop_on_failure and any(p.poll() not in (None, 0) for p in processes):
+            if stop_on_failure and not failed_first and any(p.poll() not in (None, 0) for p in processes):
+                # those that failed on their own come first: the peers stopped here may close their output sooner
+                failed_first = [i for i, p in enumerate(processes) if p.poll() not in (None, 0)]
                 stop_launch([p for p in processes if p.poll() is None], grace=1.0)
             ready, _, _ = select.select(list(readers), [], [], min(left, 0.5))
             for fd in ready:
@@ -225,7 +229,7 @@ def stream(processes: Sequence[Process], label: Callable[[int, str], str], timeo
         process.wait()
         if process.stdout is not None:
             process.stdout.close()
-    return "".join(lines), timed_out, closed
+    return "".join(lines), timed_out, failed_first + [i for i in closed if i not in failed_first]
 
 
 def culprit(codes: Sequence[int | None], closed: list[int]) -> int | None:

@@ -458,3 +458,24 @@ def test_a_collective_that_never_completes_is_ended_by_the_launch_time_limit():
         run_ranks(lonely_all_reduce, 2, backend="gloo", echo=False, timeout=5)
     timeouts = {float(t) for t in re.findall(r"collective timeout (\S+) s", str(info.value))}
     assert timeouts and min(timeouts) > 5, f"the collectives give up at {timeouts} s, not after the launch's 5 s"
+
+
+@pytest.mark.slow
+def test_the_rank_that_failed_first_is_named_even_when_it_aborted():
+    # rank 1 dies of SIGABRT (gloo can abort in a shutdown after an error); rank 0 is stopped by the launcher, and its
+    # output may close first: rank 1 is still the one whose failure explains the launch
+    import subprocess
+    import sys
+
+    from labkit.launch import culprit, stream
+
+    # rank 1's output outlives it by a second (a child holds it), so rank 0's, stopped at once, closes first
+    code = {0: "import time; time.sleep(600)",
+            1: "import os, signal, time\nif os.fork() == 0:\n    time.sleep(2)\n    os._exit(0)\n"
+               "time.sleep(0.5)\nos.kill(os.getpid(), signal.SIGABRT)"}
+    processes = [subprocess.Popen([sys.executable, "-c", code[rank]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  start_new_session=True) for rank in (0, 1)]
+    _, timed_out, closed = stream(processes, lambda rank, line: line, 60, False, stop_on_failure=True)
+    codes = [p.returncode for p in processes]
+    assert not timed_out and codes[1] == -6 and codes[0] < 0
+    assert closed[0] == 1 and culprit(codes, closed) == 1

@@ -202,7 +202,8 @@ def stream(processes: Sequence[Process], label: Callable[[int, str], str], timeo
                 break
             if stop_on_failure and not failed_first and any(p.poll() not in (None, 0) for p in processes):
                 # those that failed on their own come first: the peers stopped here may close their output sooner
-                failed_first = [i for i, p in enumerate(processes) if p.poll() not in (None, 0)]
+                failed = {i for i, p in enumerate(processes) if p.poll() not in (None, 0)}
+                failed_first = [i for i in closed if i in failed] + sorted(failed - set(closed))
                 stop_launch([p for p in processes if p.poll() is None], grace=1.0)
             ready, _, _ = select.select(list(readers), [], [], min(left, 0.5))
             for fd in ready:

@@ -431,7 +431,8 @@ def test_a_kill_note_names_the_course_limit_never_what_the_hand_in_held(capsys):
     assert len(memory | cpu) + cgroup <= outflow.KILL_NOTES
 
 
-def test_the_residual_channel_is_what_readme_states(records):
+@pytest.mark.integration  # its module's `records` fixture records the known mistakes in kernels when they are not
+def test_the_residual_channel_is_what_readme_states(records):  # cached (a fresh clone): set up before any test's guard
     reference, mistakes = records
     per_test = {test: outflow.residual_bits(len(r.observed), len(mistakes.get(test, {})),
                                             len(vocabulary(r, mistakes.get(test, {}).values())))

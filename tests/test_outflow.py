@@ -26,7 +26,7 @@ from grader.judge import outflow
 from grader.judge.grading import known_mistakes, plain_kernel_factory, reference_records
 from grader.judge.judge import BadPayload, Opaque, compare, decode_messages, judge, overobserved, vocabulary
 from grader.judge.reference import reference_answers, reference_submission
-from grader.kernel import probe
+from grader.kernel import harness, probe
 from grader.kernel.harness import StepRun
 from grader.results import NoteKind
 from labkit import cells
@@ -191,7 +191,7 @@ def test_nothing_captured_during_the_tests_reaches_a_page_a_file_or_a_column(out
     public = {line.strip() for cell in theirs if cells.grade_id(cell) != "mse_grad_answer" for line in cell.source.splitlines()}
     secret = ((secret_lines(source, solutions=False) | reference_mse) - public - set(EINSUM.splitlines())
               - {"### BEGIN SOLUTION", "### END SOLUTION"})
-    scenario_cells = ("_tml_probe", "module.run(", *(f"<{kind} {test}>" for kind in ("hidden test", "reference for")
+    scenario_cells = ("_tml_probe", *(f"<{kind} {test}>" for kind in ("hidden test", "reference for")
                                                      for test in FULL))
     written = [p for p in out.rglob("*") if p.is_file() and "logs" not in p.parts]
     assert any(p.suffix == ".html" for p in written) and (out / "grades.csv") in written
@@ -275,6 +275,11 @@ def test_no_cell_runs_after_the_first_scenario_and_each_scenario_sees_its_place(
     for step in steps[first:]:
         assert f"{step.test!r})" in step.code  # run with the names remembered at its test cell's place
         assert any(s.label == f"{step.test} (place)" for s in steps[:first])
+        assert repr(harness.PROBE_SOURCE) not in step.code
+    # the probe goes into the kernel once, in the step just before the first scenario: no test, so a fresh kernel
+    # after a crash replays it
+    assert [s.code for s in steps if repr(harness.PROBE_SOURCE) in s.code] == [harness.probe_code()]
+    assert steps[first - 1].code == harness.probe_code() and not steps[first - 1].test
 
 
 VOCABULARY = frozenset({"cpu", "relu"})
@@ -309,7 +314,7 @@ class ScriptedKernel:
         self.script = script
 
     def run(self, code, timeout, store_history=True):
-        test = next((t for t in self.script if f"module.run({t!r}," in code), None)
+        test = next((t for t in self.script if f".run({t!r}," in code), None)
         return StepRun(payloads=self.script[test]) if test else StepRun()
 
     def stop(self):

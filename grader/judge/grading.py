@@ -85,8 +85,9 @@ def two_digits(seconds: float) -> float:
 
 def plan(nb: nbformat.NotebookNode, assignment: Assignment, *, reference: bool = False) -> list[Step]:
     """The steps that grade `nb`: set-up cells, answers and the student's own cells in notebook order, with a
-    step at each test cell's place that remembers the names there; then every test's scenario, with those names,
-    in scenarios()'s order (a test given another exercise's reference answer after that exercise's test).
+    step at each test cell's place that remembers the names there; then the probe (harness.probe_code) and every
+    test's scenario, with those names, in scenarios()'s order (a test given another exercise's reference answer
+    after that exercise's test).
 
     Nothing the student wrote runs after the first scenario starts, except what the scenarios call: the outflow
     rule (shared/COURSE.md) needs no cell's outcome to be dropped, and a cell below a test still cannot change
@@ -116,7 +117,9 @@ def plan(nb: nbformat.NotebookNode, assignment: Assignment, *, reference: bool =
             # an earlier copy or first half of an answer runs whatever the own cells' budget, as the answer does
             steps.append(Step(f"cell {index + 1}", cell.source, by_student=True,
                               added=not cell.metadata.get(EARLIER_ANSWER_COPY)))
-    return steps + [scenario_steps[test] for test in tests if test in scenario_steps]  # in scenarios()'s order
+    ordered = [scenario_steps[test] for test in tests if test in scenario_steps]  # in scenarios()'s order
+    probe = [Step(f"{ordered[0].test} (probe)", harness.probe_code(), by_student=False, history=False)] if ordered else []
+    return steps + probe + ordered
 
 
 FAILURE_WORDS = {

@@ -354,21 +354,28 @@ def position_code(test: str) -> str:
             f"({_COPY_NAMES}, {os_}.getcwd(), __import__('builtins').dict({os_}.environ))\n")
 
 
+PROBE_MODULE = "_tml_probe"  # where probe_code puts grader/kernel/probe.py in the kernel: sys.modules, which no
+# snapshot of the notebook's names (position_code) holds, so a scenario's _place cannot hide it
+
+
+def probe_code() -> str:
+    """The step before the first scenario: grader/kernel/probe.py, executed once into a module of the kernel.
+
+    Once per kernel rather than inside every scenario's cell: a 17 KB cell costs the kernel about 7 ms more to
+    take in (ipykernel hashes each cell in pure Python, then compiles it). Nothing the student wrote runs between
+    this step and the scenarios but through them, and a kernel restarted after a crash replays it (it is no test)."""
+    return (f"__import__('sys').modules[{PROBE_MODULE!r}] = __import__('types').ModuleType({PROBE_MODULE!r})\n"
+            f"exec({PROBE_SOURCE!r}, __import__('sys').modules[{PROBE_MODULE!r}].__dict__)\n")
+
+
 def scenario_code(test: str, code: str, answers: tuple[str, ...], inject: str = "", inject_names: tuple[str, ...] = (),
                   position: str = "") -> str:
-    """The cell that runs one scenario through a fresh copy of grader/kernel/probe.py inside the kernel.
+    """The cell that runs one scenario through the probe that probe_code put into the kernel.
 
     `position`: the test whose place's names the scenario sees (position_code); '' for the names as they are now.
     """
-    return (
-        "def _tml_scenario():\n"
-        "    import types\n"
-        "    module = types.ModuleType('_tml_probe')\n"
-        f"    exec({PROBE_SOURCE!r}, module.__dict__)\n"
-        f"    module.run({test!r}, {code!r}, {tuple(answers)!r}, {inject!r}, {tuple(inject_names)!r}, {position!r})\n"
-        "_tml_scenario()\n"
-        "del _tml_scenario\n"
-    )
+    return (f"__import__('sys').modules[{PROBE_MODULE!r}].run({test!r}, {code!r}, {tuple(answers)!r}, {inject!r}, "
+            f"{tuple(inject_names)!r}, {position!r})\n")
 
 
 def run_steps(steps: list[Step], new_kernel: Callable[[], Kernel], timeout: float,

@@ -1,12 +1,12 @@
 """Kernel side of grading: run one hidden-test scenario and send back plain data — never a verdict.
 
-The trusted grader (grader/kernel/harness.py) sends this file's source into the student's kernel with
-each `_tml_probe.run(...)` call, one per test cell. A scenario is the test's hidden code with its oracle
-blocks removed: it builds inputs, calls the student's functions and records what came back with
-`observe(name, value, **spec)`. Each observation is encoded and sent at once, as its own display message
-(`Message`, tensors as raw bytes with dtype and shape): what was sent cannot be rewritten by anything the
-student's code does later. The grader decodes the messages without pickle and compares them, outside
-this process, with what the reference solution recorded for the same scenario.
+The trusted grader (grader/kernel/harness.py) sends this file's source into the student's kernel once, after
+the student's cells (harness.probe_code), then makes one `_tml_probe.run(...)` call per test cell. A scenario
+is the test's hidden code with its oracle blocks removed: it builds inputs, calls the student's functions and
+records what came back with `observe(name, value, **spec)`. Each observation is encoded and sent at once, as
+its own display message (`Message`, tensors as raw bytes with dtype and shape): what was sent cannot be
+rewritten by anything the student's code does later. The grader decodes the messages without pickle and
+compares them, outside this process, with what the reference solution recorded for the same scenario.
 
 So nothing here needs to be trusted: a student who patches it can only change the values the grader
 receives, and those earn points only when they equal the reference's. In the reference run the same

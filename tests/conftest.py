@@ -13,41 +13,13 @@ from pathlib import Path
 import nbformat
 import pytest
 
+# the fast tier's guard: hooks around every test's set-up and call (tests/fast_tier.py)
+from fast_tier import pytest_runtest_call, pytest_runtest_setup  # noqa: F401
+
 from labkit.runner import NotebookRunner
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
-# The fast tier (`./course test --fast`: neither slow nor integration) starts no process but graphviz's renderer.
-FAST_TIER_MAY_START = {"dot"}
-
-
-@pytest.fixture(autouse=True)
-def _the_fast_tier_starts_no_process(request, monkeypatch):
-    """Fail a test of the fast tier that starts a kernel, a Python process or nbgrader: it belongs in `integration`."""
-    if request.node.get_closest_marker("slow") or request.node.get_closest_marker("integration"):
-        return
-    popen_init, fork = subprocess.Popen.__init__, os.fork
-
-    def refuse(what: str) -> None:
-        # pytest.fail raises a BaseException: no `except Exception` in the code under test swallows it
-        pytest.fail(f"{request.node.nodeid} starts {what}: mark it @pytest.mark.integration (or slow)", pytrace=False)
-
-    def checked_popen(self, args, *rest, **kwargs):
-        argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
-        program = os.path.basename(os.fsdecode(argv[0]).split()[0]) if argv else ""
-        if program not in FAST_TIER_MAY_START:
-            refuse(f"a process ({program})")
-        popen_init(self, args, *rest, **kwargs)
-
-    def checked_fork():
-        refuse("a process (os.fork)")
-        return fork()
-
-    monkeypatch.setattr(subprocess.Popen, "__init__", checked_popen)
-    monkeypatch.setattr(os, "fork", checked_fork)
-
-
-
 # `./course test` runs the suite on every core (pytest-xdist, `--dist loadfile`): the tests of one file run in one
 # worker, so a module's costly fixtures (a graded class, a JupyterLab server, a fork server) are built once, and
 # the files that share conftest.executed's one run of every solution notebook form one group (the scheduler

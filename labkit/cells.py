@@ -19,6 +19,7 @@ A code cell's kind comes from its nbgrader metadata and its tags:
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -62,12 +63,13 @@ def points(cells: list[Mapping[str, Any]]) -> dict[str, float]:
 # students' cells in its own process, and a 2 MB cell would cost it a gigabyte). A longer cell defines nothing as far
 # as the course can tell: it is never "only definitions", and names no copy of an answer.
 MAX_PARSED_CHARS = 64 * 1024
+LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 
 def defined_names(source: str, imports: bool = True) -> list[str]:
     """The names a cell binds in the notebook's namespace (functions, classes, imports unless `imports` is False,
-    assignments, also inside `if`/`for`/`with`/`try` blocks and under IPython magics such as `%%time`), in order;
-    none when it is not Python or longer than MAX_PARSED_CHARS (notebook 00)."""
+    assignments, loop and `with … as` targets, also inside `if`/`for`/`with`/`try` blocks and under IPython magics
+    such as `%%time`), in order; none when it is not Python or longer than MAX_PARSED_CHARS (notebook 00)."""
     if len(source) > MAX_PARSED_CHARS:
         return []
     try:
@@ -79,7 +81,7 @@ def defined_names(source: str, imports: bool = True) -> list[str]:
 
 def _without_magics(source: str) -> str:
     """The cell as Python: a leading cell magic's line and every line magic or shell line blanked."""
-    lines = source.splitlines()
+    lines = LINE_BREAK.split(source)  # Python's own line breaks: str.splitlines also splits at \x0c, \u2028 …
     if lines and lines[0].lstrip().startswith("%%"):
         lines[0] = ""
     return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in lines)
@@ -94,10 +96,19 @@ def _bound(statements: list[ast.stmt], imports: bool) -> list[str]:
             names += [alias.asname or alias.name.split(".")[0] for alias in statement.names] if imports else []
         elif isinstance(statement, (ast.Assign, ast.AnnAssign)):
             targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
-            names += [n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name)]
+            names += [name for target in targets for name in _stored(target)]
         else:  # a block: what its branches bind is bound too (a definition inside `for`, `with`, `if`, `try`)
+            if isinstance(statement, (ast.For, ast.AsyncFor)):
+                names += _stored(statement.target)
+            elif isinstance(statement, (ast.With, ast.AsyncWith)):
+                names += [name for item in statement.items if item.optional_vars for name in _stored(item.optional_vars)]
             for branch in ("body", "orelse", "finalbody"):
                 names += _bound(getattr(statement, branch, []), imports)
             for handler in getattr(statement, "handlers", []):
                 names += _bound(handler.body, imports)
     return names
+
+
+def _stored(target: ast.expr) -> list[str]:
+    """The names an assignment target binds: `x`, `x, (y, *z)`; not `model` in `model.w` nor `d`, `k` in `d[k]`."""
+    return [n.id for n in ast.walk(target) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]

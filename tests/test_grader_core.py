@@ -371,6 +371,10 @@ def test_what_counts_as_only_defining_things():
     assert defined_names("import torch.nn as nn, math\nfrom a import b\ndef f(): pass\nclass C: pass\nx, (y, z) = t\n"
                          "f(1)") == ["nn", "math", "b", "f", "C", "x", "y", "z"]
     assert defined_names("def f(:") == []
+    # loop and `with … as` targets bind; an attribute or an item assigned binds no name of the notebook's
+    assert defined_names("for i, (j, *k) in z:\n    pass\nwith open(p) as f, g() as (a, b), h():\n    pass\n"
+                         "model.w = 1\nd[key] = v\nm.layer[0].bias, n = 1, 2") == ["i", "j", "k", "f", "a", "b", "n"]
+    assert defined_names('x = "a\u2028b\x0cc"\r\n%time y = 1\rz = 2') == ["x", "z"]  # inside a string: no line break
 
 
 @pytest.mark.integration  # a kernel in a Python subprocess of its own

@@ -341,6 +341,37 @@ def test_slow_cells_of_the_students_own_cost_only_those_cells(monkeypatch):
     assert kernel.ran[-2:] == ["def f", "scenario"]  # the answer and its test still ran
 
 
+def test_a_kernel_that_dies_in_a_step_of_the_graders_gets_that_step_again_and_only_its_students_cells_are_dropped():
+    from grader.judge.grading import Graded, run_notes
+    from grader.kernel import harness
+
+    class DiesOnce(FakeKernel):
+        died: set[str] = set()
+
+        def run(self, code, timeout, store_history=True):
+            self.ran.append(code)
+            if code.startswith("die") and code not in self.died:  # e.g. a hook of the student's kills it once
+                self.died.add(code)
+                return StepRun(failure=harness.DIED)
+            return StepRun()
+
+    kernels: list[DiesOnce] = []
+
+    def new_kernel():
+        kernels.append(DiesOnce(0.0))
+        return kernels[-1]
+
+    steps = [Step("setup", "setup", False), Step("cell 2", "die: own", True, added=True),
+             Step("f_answer", "def f", True), Step("f (probe)", "die: probe", False, history=False),
+             Step("f", "scenario f", False, test="f"), Step("g", "scenario g", False, test="g")]
+    runs = harness.run_steps(steps, new_kernel, timeout=30)
+    assert [r.failure for r in runs] == ["", harness.DIED, "", harness.DIED, "", ""]  # no test lost
+    assert kernels[1].ran == ["setup", "def f", "die: probe"]  # the student's cell that died is not replayed
+    assert kernels[2].ran == ["setup", "def f", "die: probe", "scenario f", "scenario g"]  # the probe is
+    notes = [note.text for note in run_notes(Graded(steps, runs, {}))]
+    assert notes == ["kernel died in cell 2", "kernel died in the grader's step f (probe)"]
+
+
 def test_cells_that_only_define_things_still_run_after_the_own_cells_budget():
     from grader.kernel import harness
 

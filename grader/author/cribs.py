@@ -189,13 +189,13 @@ def crib_problems(assignment: Assignment, new_kernel: Callable[[], Kernel], time
     One kernel runs the reference notebook's cells, then for each crib: the crib's answer cell, the
     scenario of its exercise, and the reference answer cell again (trusted code only: course cells).
     """
-    from grader.judge.grading import plan, verdict
+    from grader.judge.grading import plan, read_scenario, verdict
 
     answers = reference_answers(assignment)
     tests = {s.test: s for s in scenarios(assignment)}
     steps = [s for s in plan(reference_submission(assignment), assignment, reference=True) if not s.test]
     found = cribs(assignment)
-    checks: dict[int, Crib] = {}
+    checks: dict[int, Crib] = {}  # the index of the step that runs the crib's test -> the crib
     for crib in found:
         scenario = tests[crib.exercise]
         steps.append(Step(crib.cell, crib.source, by_student=True))
@@ -207,7 +207,12 @@ def crib_problems(assignment: Assignment, new_kernel: Callable[[], Kernel], time
     runs = run_steps(steps, new_kernel, timeout)
     problems = []
     for index, crib in checks.items():
-        judged = verdict(crib.exercise, tests[crib.exercise].points, records[crib.exercise], runs[index], timeout)
+        scenario_run = runs[index]
+        if read_scenario(crib.exercise, scenario_run, timeout)[2] is not None:  # a check that checked nothing
+            problems.append(f"{assignment.name}: {crib.origin} ({crib.name}) could not be checked: its test of "
+                            f"{crib.exercise} sent no readable result")
+            continue
+        judged = verdict(crib.exercise, tests[crib.exercise].points, records[crib.exercise], scenario_run, timeout)
         if judged.points > 0:
             problems.append(f"{assignment.name}: {crib.origin} answers {crib.exercise} ({crib.name})")
     return problems

@@ -213,7 +213,8 @@ def run_notes(graded: Graded) -> list[Note]:
     """Status notes for what went wrong while the notebook ran (timeouts, crashes, floods)."""
     notes: list[Note] = []
     for step, run in zip(graded.steps, graded.runs):
-        where = f"test {step.test}" if step.test else step.label if step.label.startswith("cell ") else f"cell {step.label}"
+        where = (f"test {step.test}" if step.test else step.label if step.label.startswith("cell ") else
+                 f"cell {step.label}" if step.history else f"the grader's step {step.label}")
         if run.failure in (TIMEOUT, KILLED):
             notes.append(Note(NoteKind.TIMEOUT,
                               f"timeout in {where}" + (" (the kernel was stopped)" if run.failure == KILLED else "")))

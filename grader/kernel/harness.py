@@ -363,7 +363,8 @@ def probe_code() -> str:
 
     Once per kernel rather than inside every scenario's cell: a 17 KB cell costs the kernel about 7 ms more to
     take in (ipykernel hashes each cell in pure Python, then compiles it). Nothing the student wrote runs between
-    this step and the scenarios but through them, and a kernel restarted after a crash replays it (it is no test)."""
+    this step and the scenarios but through them, and a kernel restarted after a crash replays it (it is no test),
+    also after a crash in this step itself (run_steps replays the grader's own steps whatever happened in them)."""
     return (f"__import__('sys').modules[{PROBE_MODULE!r}] = __import__('types').ModuleType({PROBE_MODULE!r})\n"
             f"exec({PROBE_SOURCE!r}, __import__('sys').modules[{PROBE_MODULE!r}].__dict__)\n")
 
@@ -391,7 +392,7 @@ def run_steps(steps: list[Step], new_kernel: Callable[[], Kernel], timeout: floa
 
     runs: list[StepRun] = []
     kernel: Kernel | None = None
-    replay: list[Step] = []  # cells (never scenarios) that ran without taking the kernel down
+    replay: list[Step] = []  # never scenarios: the student's cells that did not take the kernel down, the grader's all
     restarts = 0
     kept = 0  # output characters kept so far: a flood spread over many cells is still bounded
     own_seconds, budget, grace = 0.0, own_cells_budget(timeout), 0.0
@@ -414,7 +415,9 @@ def run_steps(steps: list[Step], new_kernel: Callable[[], Kernel], timeout: floa
                     kernel.stop()
                     kernel = None
                     timed("kernel stop", began)
-                elif not step.test:
+                if not step.test and (run.failure not in (KILLED, DIED) or not step.by_student):
+                    # the grader's own steps (set-up, names, places, the probe) are replayed even when the kernel
+                    # died in them: what killed it came from elsewhere, and later tests need what they define
                     replay.append(step)
             if step.added:
                 own_seconds += run.seconds

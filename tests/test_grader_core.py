@@ -22,7 +22,7 @@ from hypothesis import given
 
 from grader.course import assignment_named
 from grader.judge import reference
-from grader.judge.grading import Graded, known_mistakes, read_scenario
+from grader.judge.grading import Graded, known_mistakes, read_scenario, run_notes
 from grader.judge.judge import (
     BadPayload,
     Observation,
@@ -39,7 +39,7 @@ from grader.judge.judge import (
 from grader.judge.rebuild import ADDED, EARLIER_ANSWER_COPY, rebuild
 from grader.judge.scenarios import split
 from grader.kernel import probe
-from grader.kernel.harness import Step, StepRun
+from grader.kernel.harness import DIED, Step, StepRun
 from grader.report.feedback import write_feedback
 from grader.results import NoteKind
 
@@ -342,7 +342,6 @@ def test_slow_cells_of_the_students_own_cost_only_those_cells(monkeypatch):
 
 
 def test_a_kernel_that_dies_in_a_step_of_the_graders_gets_that_step_again_and_only_its_students_cells_are_dropped():
-    from grader.judge.grading import Graded, run_notes
     from grader.kernel import harness
 
     class DiesOnce(FakeKernel):
@@ -352,7 +351,7 @@ def test_a_kernel_that_dies_in_a_step_of_the_graders_gets_that_step_again_and_on
             self.ran.append(code)
             if code.startswith("die") and code not in self.died:  # e.g. a hook of the student's kills it once
                 self.died.add(code)
-                return StepRun(failure=harness.DIED)
+                return StepRun(failure=DIED)
             return StepRun()
 
     kernels: list[DiesOnce] = []
@@ -370,6 +369,50 @@ def test_a_kernel_that_dies_in_a_step_of_the_graders_gets_that_step_again_and_on
     assert kernels[2].ran == ["setup", "def f", "die: probe", "scenario f", "scenario g"]  # the probe is
     notes = [note.text for note in run_notes(Graded(steps, runs, {}))]
     assert notes == ["kernel died in cell 2", "kernel died in the grader's step f (probe)"]
+
+
+class DiesAlways(FakeKernel):
+    """A kernel that dies in every step whose code starts with 'die'."""
+
+    def run(self, code, timeout, store_history=True):
+        self.ran.append(code)
+        return StepRun(failure=DIED) if code.startswith("die") else StepRun()
+
+
+def test_a_step_that_kills_every_kernel_is_dropped_from_the_replay_after_killing_it_once():
+    from grader.kernel import harness
+
+    kernels: list[DiesAlways] = []
+
+    def new_kernel():
+        kernels.append(DiesAlways(0.0))
+        return kernels[-1]
+
+    steps = [Step("setup", "setup", False), Step("f_answer", "def f", True),
+             Step("f (place)", "die: place", False, history=False), Step("f (probe)", "probe", False, history=False),
+             Step("f", "scenario f", False, test="f")]
+    runs = harness.run_steps(steps, new_kernel, timeout=30)
+    assert [r.failure for r in runs] == ["", "", harness.DIED, "", ""]
+    assert [k.ran for k in kernels[1:]] == [["setup", "def f", "die: place"], ["setup", "def f", "probe", "scenario f"]]
+
+
+def test_a_step_of_the_graders_that_found_no_kernel_is_replayed_when_one_starts_again():
+    from grader.kernel import harness
+
+    kernels: list[DiesAlways] = []
+
+    def new_kernel():
+        if len(kernels) == 1 and kernels[0].ran[-1] == "die: own" and not hasattr(new_kernel, "refused"):
+            new_kernel.refused = True  # type: ignore[attr-defined]
+            raise RuntimeError("no kernel this time")
+        kernels.append(DiesAlways(0.0))
+        return kernels[-1]
+
+    steps = [Step("setup", "setup", False), Step("cell 2", "die: own", True, added=True),
+             Step("f (probe)", "probe", False, history=False), Step("f", "scenario f", False, test="f")]
+    runs = harness.run_steps(steps, new_kernel, timeout=30)
+    assert [r.failure for r in runs] == ["", harness.DIED, harness.NOT_RUN, ""]
+    assert kernels[-1].ran == ["setup", "probe", "scenario f"]
 
 
 def test_cells_that_only_define_things_still_run_after_the_own_cells_budget():

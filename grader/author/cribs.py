@@ -208,7 +208,9 @@ def crib_problems(assignment: Assignment, new_kernel: Callable[[], Kernel], time
     problems = []
     for index, crib in checks.items():
         scenario_run = runs[index]
-        if read_scenario(crib.exercise, scenario_run, timeout)[2] is not None:  # a check that checked nothing
+        # a test that ended on its own yet sent nothing readable checked nothing (a crib that crashes, hangs or
+        # floods the kernel earns nothing, as it would for a student)
+        if not scenario_run.failure and read_scenario(crib.exercise, scenario_run, timeout)[2] is not None:
             problems.append(f"{assignment.name}: {crib.origin} ({crib.name}) could not be checked: its test of "
                             f"{crib.exercise} sent no readable result")
             continue

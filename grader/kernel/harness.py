@@ -350,7 +350,8 @@ def position_code(test: str) -> str:
     """The step at a test cell's place: remember the notebook's names, working folder and environment variables
     there (its scenario runs later, with them: probe.Place)."""
     os_ = "__import__('os')"
-    return (f"__import__('builtins').globals().setdefault({probe.POSITIONS!r}, {{}})[{test!r}] = "
+    places = f"__import__('sys').modules.setdefault({probe.PLACES!r}, __import__('types').ModuleType({probe.PLACES!r}))"
+    return (f"{places}.__dict__.setdefault('positions', {{}})[{test!r}] = "
             f"({_COPY_NAMES}, {os_}.getcwd(), __import__('builtins').dict({os_}.environ))\n")
 
 
@@ -392,7 +393,7 @@ def run_steps(steps: list[Step], new_kernel: Callable[[], Kernel], timeout: floa
 
     runs: list[StepRun] = []
     kernel: Kernel | None = None
-    replay: list[Step] = []  # never scenarios: the student's cells that did not take the kernel down, the grader's all
+    replay: list[Step] = []  # never scenarios: the grader's steps, and the student's cells that ran and did not crash
     restarts = 0
     kept = 0  # output characters kept so far: a flood spread over many cells is still bounded
     own_seconds, budget, grace = 0.0, own_cells_budget(timeout), 0.0
@@ -415,10 +416,10 @@ def run_steps(steps: list[Step], new_kernel: Callable[[], Kernel], timeout: floa
                     kernel.stop()
                     kernel = None
                     timed("kernel stop", began)
-                if not step.test and (run.failure not in (KILLED, DIED) or not step.by_student):
-                    # the grader's own steps (set-up, names, places, the probe) are replayed even when the kernel
-                    # died in them: what killed it came from elsewhere, and later tests need what they define
-                    replay.append(step)
+            if not step.test and (not step.by_student or run.failure not in (KILLED, DIED, NOT_RUN, SKIPPED)):
+                # The grader's own steps (set-up, names, places, the probe) are replayed whatever happened to them:
+                # later tests need what they define. _fresh drops one that takes the replaying kernel down too.
+                replay.append(step)
             if step.added:
                 own_seconds += run.seconds
             kept += sum(len(json.dumps(out, default=str)) for out in run.outputs)
@@ -436,18 +437,24 @@ def run_steps(steps: list[Step], new_kernel: Callable[[], Kernel], timeout: floa
 
 def _fresh(new_kernel: Callable[[], Kernel], replay: list[Step], timeout: float, restarts: int,
            first: bool) -> tuple[Kernel | None, int]:
-    """A started kernel with `replay` run in it, or None when the restarts are used up or it will not start."""
-    if not first:
-        if restarts >= MAX_RESTARTS:
+    """A started kernel with `replay` run in it, or None when the restarts are used up or it will not start.
+
+    A step that takes the replaying kernel down is dropped from `replay`, and the next restart goes on without it:
+    a step that kills every kernel costs the steps after it one restart, not every restart."""
+    while True:
+        if not first:
+            if restarts >= MAX_RESTARTS:
+                return None, restarts
+            restarts += 1
+        first = False
+        try:
+            kernel = new_kernel()
+        except Exception:
             return None, restarts
-        restarts += 1
-    try:
-        kernel = new_kernel()
-    except Exception:
-        return None, restarts
-    for step in replay:
-        run = kernel.run(step.code, timeout, store_history=step.history)
-        if run.failure in (KILLED, DIED):
-            kernel.stop()
-            return None, restarts
-    return kernel, restarts
+        for index, step in enumerate(replay):
+            if kernel.run(step.code, timeout, store_history=step.history).failure in (KILLED, DIED):
+                kernel.stop()
+                del replay[index]
+                break
+        else:
+            return kernel, restarts

@@ -339,19 +339,20 @@ def _as_output(kind: str, content: dict) -> dict:
 
 # A copy of the kernel's names that a student's `dict = {}` or `globals = 1` cannot break.
 _COPY_NAMES = "__import__('builtins').dict(__import__('builtins').globals())"
+# probe.STATE, made when first needed
+_STATE = f"__import__('sys').modules.setdefault({probe.STATE!r}, __import__('types').ModuleType({probe.STATE!r}))"
 
 
 def snapshot_code() -> str:
     """The step after a set-up cell: remember the names set-up made (injected reference code is defined among them)."""
-    return f"{probe.SETUP_NAMES} = {_COPY_NAMES}\n"
+    return f"{_STATE}.setup_names = {_COPY_NAMES}\n"
 
 
 def position_code(test: str) -> str:
     """The step at a test cell's place: remember the notebook's names, working folder and environment variables
     there (its scenario runs later, with them: probe.Place)."""
     os_ = "__import__('os')"
-    places = f"__import__('sys').modules.setdefault({probe.PLACES!r}, __import__('types').ModuleType({probe.PLACES!r}))"
-    return (f"{places}.__dict__.setdefault('positions', {{}})[{test!r}] = "
+    return (f"{_STATE}.__dict__.setdefault('positions', {{}})[{test!r}] = "
             f"({_COPY_NAMES}, {os_}.getcwd(), __import__('builtins').dict({os_}.environ))\n")
 
 

@@ -14,7 +14,7 @@ scenario also runs its `with oracle():` blocks, whose `expect(name, value)` call
 computed by torch itself (never sent to a student's kernel).
 
 Every scenario runs after all of the student's cells (grader/judge/grading.py plans it so): it sees the
-notebook's names as they were at its test cell's place (`PLACES`), and torch's global switches as a
+notebook's names as they were at its test cell's place (`STATE`), and torch's global switches as a
 fresh kernel has them (`course_defaults`).
 
 This file is executed in the kernel, not imported: at module level it uses only the standard library.
@@ -30,11 +30,11 @@ import sys
 from typing import Literal, TypedDict
 
 MIME = "application/vnd.tml.observations+json"
-# The kernel variable the grader sets after each set-up cell: a copy of the names set-up cells defined.
-SETUP_NAMES = "_tml_setup_names"
-# The module (in sys.modules) whose `positions` dict holds, per test, a copy of the notebook's names at that test
-# cell's place: not a name of the notebook, which a `%reset -f` or `globals().clear()` below the tests would wipe.
-PLACES = "_tml_places"
+# The module (in sys.modules, not among the notebook's names, which a `%reset -f` or `globals().clear()` below the
+# tests would wipe) where the grader keeps what it remembers while the cells run: `setup_names`, a copy of the names
+# the set-up cells made (harness.snapshot_code), and `positions`, per test, a copy of the notebook's names at that
+# test cell's place (harness.position_code).
+STATE = "_tml_state"
 MAX_ELEMENTS = 2_000_000  # per tensor; a larger one is recorded by its type only
 MAX_DEPTH = 6
 MAX_ITEMS = 10_000  # per list, tuple or dict
@@ -259,10 +259,10 @@ def run(test_id: str, code: str, answers: tuple[str, ...], inject: str = "", inj
     The scenario sees the exercises' answers (`answers`: the names the answer cells define) and nothing
     else of the notebook, so a scratch cell that rebinds `X` or `model` cannot change the test's inputs.
     While it runs, the notebook's names, working folder and environment variables are what they were at the
-    test cell's place (`position`: the key of that copy in PLACES' positions), so a cell below the test that redefines
+    test cell's place (`position`: the key of that copy in STATE's positions), so a cell below the test that redefines
     a helper or changes folder changes nothing; they are put back afterwards. `inject` is the reference
     definition of functions another exercise provides (one mistake, one penalty): it replaces the student's
-    names while the scenario runs. It is defined among the names the set-up cells made (SETUP_NAMES), so a
+    names while the scenario runs. It is defined among the names the set-up cells made (STATE's setup_names), so a
     student's `dist = 3` cannot break it.
     """
     from IPython import get_ipython
@@ -270,7 +270,7 @@ def run(test_id: str, code: str, answers: tuple[str, ...], inject: str = "", inj
     shell = get_ipython()
     _never_drop(shell)
     user_ns = shell.user_ns
-    positions = getattr(sys.modules.get(PLACES), "positions", None)
+    positions = getattr(sys.modules.get(STATE), "positions", None)
     recorder = Recorder(test_id)
     error = None
     timeouts_before = _launches_timed_out()
@@ -318,7 +318,7 @@ def _scenario(user_ns: dict, test_id: str, code: str, answers: tuple[str, ...], 
     import labkit.scenario as guards
 
     if inject:
-        setup = user_ns.get(SETUP_NAMES)
+        setup = getattr(sys.modules.get(STATE), "setup_names", None)
         namespace = dict(setup if isinstance(setup, dict) else user_ns)
         exec(compile(inject, f"<reference for {test_id}>", "exec"), namespace)
         user_ns.update({name: namespace[name] for name in inject_names})

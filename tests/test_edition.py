@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -177,3 +178,83 @@ def test_the_edition_readme_links_every_notebook_once_published():
     unpublished = dataclasses.replace(published, repository="https://github.com/YOUR-ORG/tml-students")
     assert "colab.research.google.com/github" not in edition.readme(unpublished)
     assert "YOUR-ORG" not in edition.readme(unpublished)
+
+
+def _tree(folder: Path) -> dict[str, bytes | str]:
+    """Every path under `folder` with its bytes (a link: where it points; a folder: '')."""
+    return {str(p.relative_to(folder)): str(p.readlink()) if p.is_symlink() else p.read_bytes() if p.is_file() else ""
+            for p in sorted(folder.rglob("*"))}
+
+
+@pytest.fixture
+def instructor(tmp_path, monkeypatch):
+    """A committed instructor checkout (the course's own pins and script, one helper, one released notebook) that
+    the edition is built from; `commit()` commits what was added since. The release counts as fresh."""
+    repo = tmp_path / "instructor"
+    for name in ("course", "requirements.txt", "environment.yml", "pyproject.toml"):
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, repo / name)
+    for name in ("helpers/__init__.py", "labkit/__init__.py", "notebooks/00_setup/00_setup.ipynb",
+                 "solutions/01_gradient_descent/01_gradient_descent.ipynb"):
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, repo / name)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+
+    def commit() -> None:
+        subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True)
+        subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@invalid", "commit", "-qm", "x"],
+                       check=True)
+
+    commit()
+    monkeypatch.setattr(edition, "REPO", repo)
+    monkeypatch.setattr(edition, "NOTEBOOKS", repo / "notebooks")
+    monkeypatch.setattr(edition, "KERNEL_PACKAGES", (repo / "helpers", repo / "labkit"))
+    monkeypatch.setattr(edition, "_refuse_stale", lambda: None)  # check.stale_problems has tests of its own
+    return repo, commit
+
+
+def _clone_of_an_earlier_edition(out: Path) -> Path:
+    (out / ".git").mkdir(parents=True)
+    (out / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (out / "README.md").write_text("the earlier edition's README")
+    (out / "helpers").mkdir()
+    (out / "helpers" / "gone.py").write_text("# a helper the new version no longer has")
+    return out
+
+
+@pytest.mark.integration  # runs git
+@pytest.mark.parametrize("link", ["helpers/x.ipynb", "helpers/more", "LICENSE"])
+def test_a_link_in_what_the_edition_ships_is_refused_and_out_is_left_as_it_was(instructor, tmp_path, link):
+    """Issue 36 item 3: a committed link to a solution notebook (or to the folder holding it) is refused by name
+    before OUT is touched; it was published as the file it points to, and OUT written before the refusal."""
+    repo, commit = instructor
+    target = repo / "solutions" / "01_gradient_descent" / ("01_gradient_descent.ipynb" if link != "helpers/more" else "")
+    (repo / link).symlink_to(os.path.relpath(target, (repo / link).parent))
+    commit()
+    out = _clone_of_an_earlier_edition(tmp_path / "clone")
+    before = _tree(out)
+    with pytest.raises(edition.EditionRefused, match=f"{link} is a symbolic link"):
+        edition.write_edition(out)
+    assert _tree(out) == before
+    with pytest.raises(edition.EditionRefused, match="symbolic link"):
+        edition.write_edition(tmp_path / "new")
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.integration  # runs git
+def test_a_leak_is_refused_before_out_is_touched_and_a_clean_edition_replaces_its_files(instructor, tmp_path):
+    repo, commit = instructor
+    (repo / "helpers" / "draft.py").write_text("x = 1\n### BEGIN SOLUTION\nx = 2\n### END SOLUTION\n")
+    commit()
+    out = _clone_of_an_earlier_edition(tmp_path / "clone")
+    before = _tree(out)
+    with pytest.raises(edition.EditionRefused, match="leak.*helpers/draft.py"):
+        edition.write_edition(out)
+    assert _tree(out) == before
+    (repo / "helpers" / "draft.py").unlink()
+    commit()
+    files = edition.write_edition(out)
+    assert {str(p.relative_to(out)) for p in files} >= {"helpers/__init__.py", "notebooks/00_setup/00_setup.ipynb",
+                                                        "README.md", "course"}
+    assert not (out / "helpers" / "gone.py").exists() and (out / ".git" / "HEAD").read_text() == "ref: refs/heads/main\n"
+    assert not any(p.is_symlink() for p in out.rglob("*"))

@@ -8,10 +8,12 @@ no Nbgrader menu or second Validate button), and the licence. No solutions, hidd
 reference records: `edition_leaks` looks for each, and for any distinctive solution or hidden-test line.
 
 Refused: a release that is stale against solutions/ (the reason is `grader check`'s); files in helpers/, labkit/
-or notebooks/ that git does not track (a draft there would be published); an OUT that is not new, empty or a
-clone of the edition (the instructor repository, or anything with its folders, is never emptied); with --git, a
-clone that already has the tag (before anything is written). Warned: a `student-edition` setting still at its
-placeholder, and a checkout without a LICENSE.
+or notebooks/ that git does not track (a draft there would be published); a symbolic link anywhere in what it ships
+(a link is published as the file it points to, which may be a solution); an OUT that is not new, empty or a clone of
+the edition (the instructor repository, or anything with its folders, is never emptied); with --git, a clone that
+already has the tag; an edition with a leak. Every refusal comes before OUT is touched: the edition is built and
+checked in a fresh temporary folder, and only then replaces OUT's files (its .git stays). Warned: a
+`student-edition` setting still at its placeholder, and a checkout without a LICENSE.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import json
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -175,12 +178,24 @@ def _tracked(package: Path) -> list[Path]:
                       str(package.relative_to(REPO)))
         untracked = _git(REPO, "ls-files", "-z", "--others", "--exclude-standard", "--", str(package.relative_to(REPO)))
     except (OSError, subprocess.CalledProcessError):
-        return [p for p in package.rglob("*") if p.is_file() and p.suffix != ".pyc"
+        return [p for p in package.rglob("*") if (p.is_file() or p.is_symlink()) and p.suffix != ".pyc"
                 and not {"__pycache__", ".ipynb_checkpoints"} & set(p.parts)]
     if untracked.strip("\0"):
         names = ", ".join(sorted(untracked.strip("\0").split("\0"))[:5])
         raise EditionRefused(f"files that git does not track would be published: {names} — commit or remove them")
-    return [REPO / name for name in listed.strip("\0").split("\0") if name and (REPO / name).is_file()]
+    return [REPO / name for name in listed.strip("\0").split("\0") if name]
+
+
+def _refuse_links(paths: list[Path]) -> None:
+    """A link (or a path through a linked folder) is published as what it points to, which may be anything the
+    instructor can read — a solution notebook: refused, by name, whatever it points to."""
+    for path in paths:
+        inside = path.relative_to(REPO)
+        link = next((REPO / Path(*inside.parts[:n]) for n in range(1, len(inside.parts) + 1)
+                     if (REPO / Path(*inside.parts[:n])).is_symlink()), None)
+        if link is not None:
+            raise EditionRefused(f"{link.relative_to(REPO)} is a symbolic link (to {link.readlink()}): the edition "
+                                 "ships no links — replace it with the file itself")
 
 
 def _refuse_unsafe_out(out: Path) -> None:
@@ -220,29 +235,36 @@ def _refuse_stale() -> None:
 
 def write_edition(out: Path) -> list[Path]:
     """Write the student edition into `out` (new or empty, or a git clone of an earlier edition whose files it
-    replaces); returns the files written. Refuses a stale release."""
+    replaces); returns the files written. Built and leak-checked in a temporary folder first: a refusal leaves
+    `out` exactly as it was."""
     _refuse_unsafe_out(out)
     _refuse_stale()
-    shipped = [path for folder in (NOTEBOOKS, *KERNEL_PACKAGES) for path in _tracked(folder)]
+    shipped = [path for folder in (NOTEBOOKS, *KERNEL_PACKAGES) for path in [folder, *_tracked(folder)]]
+    pins = [REPO / name for name in (*PINS_HEADER, "course", "LICENSE")]
+    _refuse_links(shipped + pins)
     s = settings()
-    out.mkdir(parents=True, exist_ok=True)
-    for old in (p for p in out.iterdir() if p.name != ".git"):
-        shutil.rmtree(old) if old.is_dir() else old.unlink()
-    for path in shipped:
-        (out / path.relative_to(REPO)).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, out / path.relative_to(REPO))
-    for pins, header in PINS_HEADER.items():
-        (out / pins).write_text(header + _without_instructor_pins((REPO / pins).read_text()))
-    (out / "course").write_text(course_script())
-    (out / "course").chmod(0o755)
-    (out / "pyproject.toml").write_text(pyproject(s))
-    (out / "README.md").write_text(readme(s))
-    (out / ".gitignore").write_text(GITIGNORE)
-    if (REPO / "LICENSE").is_file():
-        shutil.copy2(REPO / "LICENSE", out / "LICENSE")
-    leaks = edition_leaks(out)
-    if leaks:
-        raise EditionRefused(f"{len(leaks)} leak(s) in the edition, first: {leaks[0]}")
+    with tempfile.TemporaryDirectory(prefix="tml-edition-") as staging:
+        built = Path(staging)
+        for path in (p for p in shipped if p.is_file()):
+            (built / path.relative_to(REPO)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, built / path.relative_to(REPO))
+        for name, header in PINS_HEADER.items():
+            (built / name).write_text(header + _without_instructor_pins((REPO / name).read_text()))
+        (built / "course").write_text(course_script())
+        (built / "course").chmod(0o755)
+        (built / "pyproject.toml").write_text(pyproject(s))
+        (built / "README.md").write_text(readme(s))
+        (built / ".gitignore").write_text(GITIGNORE)
+        if (REPO / "LICENSE").is_file():
+            shutil.copy2(REPO / "LICENSE", built / "LICENSE")
+        leaks = edition_leaks(built)
+        if leaks:
+            raise EditionRefused(f"{len(leaks)} leak(s) in the edition, first: {leaks[0]}")
+        out.mkdir(parents=True, exist_ok=True)
+        for old in (p for p in out.iterdir() if p.name != ".git"):
+            shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
+        for new in built.iterdir():
+            shutil.move(new, out / new.name)
     return sorted(p for p in out.rglob("*") if p.is_file() and ".git" not in p.relative_to(out).parts)
 
 

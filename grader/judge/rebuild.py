@@ -7,6 +7,7 @@ import unicodedata
 
 import nbformat
 
+from grader.kernel.harness import safe_text
 from grader.results import Note, NoteKind
 from labkit import cells
 
@@ -28,9 +29,10 @@ def normalised(source: object) -> str:
     return "\n".join(line.rstrip() for line in text.split("\n")).rstrip()
 
 
-def _line_endings(source: str) -> str:
-    """The student's own code with LF line endings (what it means is unchanged: Python reads CRLF as LF)."""
-    return source.replace("\r\n", "\n").replace("\r", "\n")
+def _own_source(source: str) -> str:
+    """The student's own cell with LF line endings (what it means is unchanged: Python reads CRLF as LF) and only
+    characters a kernel can take and a page can show (harness.safe_text: half an emoji or a NUL in a comment)."""
+    return safe_text(source.replace("\r\n", "\n").replace("\r", "\n"))
 
 
 def _metadata(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -> tuple[list[dict], int]:
@@ -111,7 +113,7 @@ def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -
                     continue
                 cell = copy.deepcopy(cell)
                 cell["metadata"] = {ADDED: True, **({EARLIER_ANSWER_COPY: True} if earlier_copy else {})}
-                cell.source = _line_endings(cell.source)
+                cell.source = _own_source(cell.source)
                 extras.setdefault(anchor, []).append(cell)
             continue
         grade_id = info.get("grade_id")
@@ -135,7 +137,7 @@ def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -
         if theirs is None:
             notes.append(f"deleted {'answer ' if info.get('solution') else ''}cell {grade_id} restored")
         elif info.get("solution"):
-            cell.source = _line_endings(theirs.source)
+            cell.source = _own_source(theirs.source)
         else:
             if normalised(theirs.source) != normalised(cell.source):
                 notes.append(f"edited locked cell {grade_id} restored")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -295,23 +296,25 @@ class Kernel:
             if kind == "clear_output":
                 result.outputs.clear()
                 continue
-            if kind not in ("stream", "display_data", "execute_result", "error"):
-                continue
-            if kind == "error":
-                result.error = str(content.get("ename", "Error"))[:200]
             size = len(json.dumps(content, default=str))
-            if kind == "display_data" and probe.MIME in content.get("data", {}):
+            data = content.get("data")
+            if kind == "display_data" and isinstance(data, dict) and probe.MIME in data:
                 payload_chars += size
                 if payload_chars <= MAX_PAYLOAD_CHARS:
-                    result.payloads.append(content["data"][probe.MIME])
+                    result.payloads.append(data[probe.MIME])  # whatever it is: judge.decode_messages checks it
                 else:  # the rest is dropped: what came is cut short, and the status says why
                     result.failure = result.failure or OUTPUT_LIMIT
                 continue
+            output = _as_output(kind, content)
+            if output is None:
+                continue
+            if output["output_type"] == "error":
+                result.error = output["ename"][:200]
             chars += size
             if chars > MAX_OUTPUT_CHARS:
                 result.failure = result.failure or OUTPUT_LIMIT
                 continue
-            result.outputs.append(_as_output(kind, content))
+            result.outputs.append(output)
         result.seconds = time.monotonic() - started
         return result
 
@@ -325,13 +328,59 @@ def _bound_sockets(context) -> None:
     context.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)
 
 
-def _as_output(kind: str, content: dict) -> dict:
+_UNWRITABLE = re.compile("[\ud800-\udfff\x00]")
+_JSON_MIME = re.compile(r"application/(.*\+)?json")  # nbformat's mime types whose data is JSON, not text
+
+
+def safe_text(text: str) -> str:
+    """`text` with every lone UTF-16 surrogate (half an emoji, cut by an editor: JSON and Python hold it, UTF-8
+    cannot encode it) and every NUL (Python compiles no source that holds one) as U+FFFD, so that a cell runs and no
+    file, page or message written from it fails."""
+    return _UNWRITABLE.sub("\ufffd", text)
+
+
+def _text(value: object) -> str | None:
+    """nbformat's multiline string (a string, or a list of strings) as one safe string; None for anything else."""
+    if isinstance(value, list) and all(isinstance(part, str) for part in value):
+        value = "".join(value)
+    return safe_text(value) if isinstance(value, str) else None
+
+
+def _safe_json(value: object) -> object:
+    """JSON data of a display message with every string safe (safe_text)."""
+    if isinstance(value, str):
+        return safe_text(value)
+    if isinstance(value, list):
+        return [_safe_json(v) for v in value]
+    if isinstance(value, dict):
+        return {safe_text(str(k)): _safe_json(v) for k, v in value.items()}
+    return value
+
+
+def _as_output(kind: str, content: dict) -> dict | None:
+    """The nbformat output an IOPub message stands for, or None when it stands for none or is malformed (a
+    `display_data` whose data is a string, a `stream` whose text is a list of numbers: a student's cell can send
+    anything): such a message costs only its own output, never the grading."""
     if kind == "stream":
-        return {"output_type": "stream", "name": content.get("name", "stdout"), "text": str(content.get("text", ""))}
+        name, text = content.get("name"), _text(content.get("text"))
+        return {"output_type": "stream", "name": name, "text": text} if name in ("stdout", "stderr") and text is not None \
+            else None
     if kind == "error":
-        return {"output_type": "error", "ename": str(content.get("ename", "")), "evalue": str(content.get("evalue", "")),
-                "traceback": [str(line) for line in content.get("traceback", [])]}
-    output: dict[str, object] = {"output_type": kind, "data": dict(content.get("data", {})), "metadata": {}}
+        ename, evalue, traceback = content.get("ename"), content.get("evalue"), content.get("traceback", [])
+        if not (isinstance(ename, str) and isinstance(evalue, str) and isinstance(traceback, list)
+                and all(isinstance(line, str) for line in traceback)):
+            return None
+        return {"output_type": "error", "ename": safe_text(ename), "evalue": safe_text(evalue),
+                "traceback": [safe_text(line) for line in traceback]}
+    if kind not in ("display_data", "execute_result") or not isinstance(content.get("data"), dict):
+        return None
+    data: dict[str, object] = {}
+    for mime, value in content["data"].items():
+        shown = _safe_json(value) if isinstance(mime, str) and _JSON_MIME.fullmatch(mime) else _text(value)
+        if not isinstance(mime, str) or shown is None:
+            return None
+        data[safe_text(mime)] = shown
+    output: dict[str, object] = {"output_type": kind, "data": data, "metadata": {}}
     if kind == "execute_result":
         output["execution_count"] = None
     return output

@@ -24,7 +24,7 @@ from grader.author.selftest import Expected, mismatches, put
 from grader.course import assignment_named
 from grader.judge import outflow
 from grader.judge.grading import known_mistakes, plain_kernel_factory, reference_records
-from grader.judge.judge import BadPayload, Opaque, compare, decode_messages, judge, overobserved, vocabulary
+from grader.judge.judge import BadPayload, Opaque, compare, decode_messages, judge, out_of_order, vocabulary
 from grader.judge.reference import reference_answers, reference_submission
 from grader.kernel import harness, probe
 from grader.kernel.harness import StepRun
@@ -240,7 +240,7 @@ def test_a_value_is_sent_as_it_was_when_observed(monkeypatch):
     monkeypatch.setattr(probe, "publish", lambda message: published.append(json.dumps(message)))
     recorder = probe.Recorder("f")
     w0 = torch.zeros(2)
-    exec(compile("observe('w0 after the call', w0)", recorder.source, "exec"), {"observe": recorder.observe, "w0": w0})
+    exec(recorder.compile("observe('w0 after the call', w0)"), {"observe": recorder.observe, "w0": w0})
     w0 += 1  # what a later call of the student's function might do, or rewrite through frames
     recorder.end(None)
     first = decode_messages([json.loads(m) for m in published], "f").observed[0]
@@ -257,7 +257,7 @@ def test_only_the_scenarios_own_code_may_observe_and_nothing_may_observe_twice(m
     assert record.observed == () and record.meddled
     reference = decode_messages(sent("f", ("f on 1", 2.0), ("f keeps x", True)), "f")
     twice = decode_messages(sent("f", ("f keeps x", True), ("f keeps x", False)), "f")
-    assert overobserved(twice, reference) and not overobserved(decode_messages(sent("f", ("f keeps x", True)), "f"),
+    assert out_of_order(twice, reference) and not out_of_order(decode_messages(sent("f", ("f keeps x", True)), "f"),
                                                                reference)
 
 

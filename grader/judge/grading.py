@@ -32,7 +32,7 @@ from grader.judge.judge import (
     behaves_like,
     decode_messages,
     judge,
-    overobserved,
+    out_of_order,
     vocabulary,
 )
 from grader.judge.rebuild import EARLIER_ANSWER_COPY
@@ -179,7 +179,7 @@ def grade_notebook(nb: nbformat.NotebookNode, assignment: Assignment, new_kernel
         try:
             student, failure, why = read_scenario(step.test, run, timeout)
             reference = records[step.test]
-            if student is not None and (student.meddled or overobserved(student, reference)):
+            if student is not None and (student.meddled or out_of_order(student, reference)):
                 student, failure, why = None, failure or interference(Unreadable.FORGED), Unreadable.FORGED
             if why is not None:
                 graded.unreadable[step.test] = why

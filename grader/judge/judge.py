@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import math
 import re
-from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -332,12 +331,15 @@ def vocabulary(reference: ScenarioRecord, mistakes: Iterable[ScenarioRecord] = (
     return frozenset(found.union(*(outflow.strings(value) for value in reference.expected.values())))
 
 
-def overobserved(student: ScenarioRecord, reference: ScenarioRecord) -> bool:
-    """True when the student's run sent some observation more often than the reference run did: a value observed
-    twice was forged (by the student's code calling `observe` itself), and must not stand in for the real one."""
-    sent = Counter(item.name for item in student.observed)
-    allowed = Counter(item.name for item in reference.observed)
-    return any(count > allowed[name] for name, count in sent.items() if name in allowed)
+def out_of_order(student: ScenarioRecord, reference: ScenarioRecord) -> bool:
+    """True when the student's run sent the reference's observations other than in the reference's order, one
+    sent more often than there or before one the reference sent first: such an observation was forged (the
+    student's code calling `observe`, or running the scenario's code again) and must not stand in for the real one.
+    An honest run may stop early or skip observations (a scenario that branches on what was returned) and may make
+    ones the reference never made: those only ever leave the reference's order a subsequence."""
+    order = iter(item.name for item in reference.observed)
+    known = {item.name for item in reference.observed}
+    return not all(item.name in order for item in student.observed if item.name in known)
 
 
 def judge(test: str, max_points: float, reference: ScenarioRecord, student: ScenarioRecord | None,

@@ -27,6 +27,7 @@ import contextlib
 import json
 import os
 import sys
+import types
 from typing import Literal, TypedDict
 
 MIME = "application/vnd.tml.observations+json"
@@ -140,17 +141,31 @@ def _never_drop(shell) -> None:
 class Recorder:
     """Sends what one scenario observes, in order, each value as it is at the moment it is observed.
 
-    Only the scenario's own code may observe: a call from anywhere else (the student's code, having found
-    `observe` through frames) is not sent, and the end message says the run was meddled with."""
+    Only the scenario's own code may observe: the code objects `compile` made (by identity: the student's code,
+    compiled under the same file name or from the same text, is another object). A call from anywhere else (the
+    student's code, having found `observe` through frames) is not sent, and the end message says the run was
+    meddled with."""
 
     def __init__(self, test: str) -> None:
         self.test = test
         self.source = f"<hidden test {test}>"  # the file name the scenario's code is compiled under
         self.sent = 0
         self.meddled = False
+        self._own: dict[int, types.CodeType] = {}  # id -> the scenario's code objects (held, so that no id is reused)
+
+    def compile(self, code: str) -> types.CodeType:
+        """The scenario's code, compiled; it and the functions, classes and comprehensions in it may observe."""
+        compiled = compile(code, self.source, "exec")
+        pending = [compiled]
+        while pending:
+            current = pending.pop()
+            self._own[id(current)] = current
+            pending += [const for const in current.co_consts if isinstance(const, types.CodeType)]
+        return compiled
 
     def _send(self, kind: Literal["observed", "expected"], name, value, spec: dict) -> None:
-        if sys._getframe(2).f_code.co_filename != self.source:
+        caller = sys._getframe(2).f_code
+        if self._own.get(id(caller)) is not caller:
             self.meddled = True
             return
         # Encoded to text now: a later change to the value (or to this recorder) cannot reach what was sent.
@@ -325,4 +340,4 @@ def _scenario(user_ns: dict, test_id: str, code: str, answers: tuple[str, ...], 
     scope = {name: user_ns[name] for name in answers if name in user_ns}
     scope.update({name: getattr(guards, name) for name in guards.GUARDS})
     scope.update(observe=recorder.observe, expect=recorder.expect, oracle=contextlib.nullcontext)
-    exec(compile(code, recorder.source, "exec"), scope)
+    exec(recorder.compile(code), scope)

@@ -325,6 +325,10 @@ tried("packet", lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW))
 tried("memory", lambda: bytearray({memory}).__len__())
 unix = socket.socketpair()  # the kernel's own kind of socket still works
 (leak / "unix").write_text(str(unix[0].family))
+if "GRADESCOPE_API_TOKEN" in os.environ:  # run_autograder's environment
+    (leak / "token").write_text("reached")
+import subprocess
+subprocess.Popen(["sleep", "300"], start_new_session=True)  # a daemon, which outlives the kernel
 """
 
 
@@ -346,7 +350,7 @@ def test_without_the_sandbox_student_code_runs_as_an_unprivileged_user_with_no_n
         nb.cells.insert(len(nb.cells) - 1, nbformat.v4.new_code_cell(probe))
         try:
             results, done, _ = run_autograder(root, {f"{ONE}.ipynb": nb}, **env, TML_GRADESCOPE_ISOLATION="user",
-                                              TML_STUDENT_UID=str(uid))
+                                              TML_STUDENT_UID=str(uid), GRADESCOPE_API_TOKEN="an instructor's secret")
             assert done.returncode == 0 and results is not None, done.stdout + done.stderr
             assert results["score"] == 10, results
             assert (leak / "uid").read_text() == str(uid)  # the probe ran, as that user
@@ -357,5 +361,7 @@ def test_without_the_sandbox_student_code_runs_as_an_unprivileged_user_with_no_n
             listener.setblocking(False)
             with pytest.raises(BlockingIOError):
                 listener.accept()  # nobody connected
+            assert not [p for p in os.listdir("/proc") if p.isdigit() and Path(f"/proc/{p}").stat().st_uid == uid
+                        and "State:\tZ" not in Path(f"/proc/{p}/status").read_text()]  # the daemon is gone
         finally:
             shutil.rmtree(leak, ignore_errors=True)

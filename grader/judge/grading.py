@@ -236,12 +236,19 @@ def run_notes(graded: Graded) -> list[Note]:
     return notes + graded.notes
 
 
+CANARY_TIMEOUT_S = 120.0  # at least, per step of the canary
+
+
 def canary(assignment: Assignment, new_kernel: Callable[[], Kernel], timeout: float,
            records: dict[str, ScenarioRecord], released: nbformat.NotebookNode | None = None) -> str:
     """'' when the reference submission, graded the student's way here, earns full marks; else why not.
 
+    It runs under CANARY_TIMEOUT_S per step at least, whatever the per-cell `timeout`: it asks whether the grading
+    environment works, not whether this host is fast (a slow one under a short --timeout grades every hand-in, and
+    a test that runs out of time says so in that hand-in's status).
     `released`: the release the students' hand-ins are rebuilt against (default: notebooks/'s)."""
-    graded = grade_notebook(reference_submission(assignment, released), assignment, new_kernel, timeout, records)
+    graded = grade_notebook(reference_submission(assignment, released), assignment, new_kernel,
+                            max(timeout, CANARY_TIMEOUT_S), records)
     failed = [v for v in graded.verdicts.values() if not v.passed]
     if not failed:
         return ""

@@ -55,6 +55,16 @@ TIMEOUT, KILLED, DIED, OUTPUT_LIMIT, NOT_RUN, SKIPPED = (Failure.TIMEOUT, Failur
                                                           Failure.OUTPUT_LIMIT, Failure.NOT_RUN, Failure.SKIPPED)
 
 
+SETUP_TIMEOUT_S = 120.0  # at least, for the course's set-up cells and the grader's own steps (see step_limit)
+
+
+def step_limit(step: Step, timeout: float) -> float:
+    """Seconds `step` may run: the per-cell `timeout` for what the student wrote and for the hidden tests; at least
+    SETUP_TIMEOUT_S for the course's set-up cells and the grader's own steps, whose time says how busy or slow the
+    host is, never what a hand-in did (a slow host under a short --timeout must not fail them: every test would)."""
+    return timeout if step.by_student or step.test else max(timeout, SETUP_TIMEOUT_S)
+
+
 def own_cells_budget(timeout: float) -> float:
     """Seconds the cells a student added may take together; after that they are skipped (answers, tests and
     cells that only define things still run: defines_only), so slow scratch cells cost nothing but themselves."""
@@ -458,7 +468,7 @@ def run_steps(steps: list[Step], new_kernel: Callable[[], Kernel], timeout: floa
             elif step.added and own_seconds >= budget and (grace >= timeout or not defines_only(step.code)):
                 run = StepRun(failure=SKIPPED)
             else:
-                run = kernel.run(step.code, timeout, store_history=step.history and not step.test)
+                run = kernel.run(step.code, step_limit(step, timeout), store_history=step.history and not step.test)
                 if step.added and own_seconds >= budget:
                     grace += run.seconds  # a definition past the budget: together at most about one --timeout
                 if run.failure in (KILLED, DIED):
@@ -502,7 +512,7 @@ def _fresh(new_kernel: Callable[[], Kernel], replay: list[Step], timeout: float,
         except Exception:
             return None, restarts
         for index, step in enumerate(replay):
-            if kernel.run(step.code, timeout, store_history=step.history).failure in (KILLED, DIED):
+            if kernel.run(step.code, step_limit(step, timeout), store_history=step.history).failure in (KILLED, DIED):
                 kernel.stop()
                 del replay[index]
                 break

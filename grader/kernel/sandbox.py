@@ -63,7 +63,8 @@ def exposed(paths: list[Path]) -> list[Path]:
     return [p for p in paths if any(Path(os.path.realpath(p)).is_relative_to(b) for b in binds)]
 
 
-def _kernel_env(threads: str | None = None) -> dict[str, str]:
+def kernel_env(threads: str | None = None) -> dict[str, str]:
+    """The kernel's whole environment (its home, user and matplotlib folder are set where it starts)."""
     return {
         "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
         "MPLBACKEND": "module://matplotlib_inline.backend_inline",
@@ -78,7 +79,7 @@ def sandbox_request(folder: Path, cgroups: list[str], limits: Limits, threads: s
     """What the fork server needs to build one submission's sandbox (JSON): its folder, binds, environment, limits
     (`threads`: torch's threads in the kernel, default this process's OMP_NUM_THREADS or 1)."""
     sent = SandboxLimits(**asdict(limits))  # type: ignore[typeddict-item]  # the same fields, checked by a test
-    return {"folder": str(folder), "ro_binds": ro_binds(), "env": _kernel_env(threads), "cgroups": cgroups,
+    return {"folder": str(folder), "ro_binds": ro_binds(), "env": kernel_env(threads), "cgroups": cgroups,
             "watchdog": not cgroups, "limits": sent}
 
 
@@ -110,7 +111,7 @@ def why_unavailable() -> str:
         _own_folder(folder / "run")
         request: Request = {**sandbox_request(folder / "run", [], Limits()), "probe": True}
         probe = subprocess.run([sys.executable, *FORKSERVER, "--single", json.dumps(request)],
-                               capture_output=True, text=True, timeout=60, env=_kernel_env(), check=False)
+                               capture_output=True, text=True, timeout=60, env=kernel_env(), check=False)
     except (OSError, subprocess.SubprocessError) as exc:
         return f"{type(exc).__name__}: {exc}"
     finally:
@@ -179,7 +180,7 @@ class ForkServer:
         mplconfig.mkdir(exist_ok=True)
         for fontlist in (Path.home() / ".cache" / "matplotlib").glob("fontlist-*.json"):  # no font-cache rebuild
             shutil.copy(fontlist, mplconfig)
-        env = {**_kernel_env(self.threads), "HOME": str(self.folder), "MPLCONFIGDIR": str(mplconfig)}
+        env = {**kernel_env(self.threads), "HOME": str(self.folder), "MPLCONFIGDIR": str(mplconfig)}
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
             listener.bind(str(self.control))
             listener.listen(8)

@@ -48,7 +48,7 @@ from pathlib import Path
 
 from grader.course import Assignment, assignment_named, assignments
 from grader.paths import BUILD, REPO
-from grader.platforms.student_kernel import NETWORK_ENV
+from grader.platforms.student_kernel import NETWORK_ENV, stop_students_processes
 from grader.results import Result, points
 from labkit import cells
 
@@ -249,9 +249,13 @@ def grade(root: Path) -> dict:
     hand_in = work / "class" / "submission" / assignment.name / notebook.name
     hand_in.parent.mkdir(parents=True)
     shutil.copyfile(notebook, hand_in)
-    (result,) = autograde(work / "class", work / "graded", jobs=1, timeout=settings["timeout"], progress=False,
-                          sandboxed=isolation == "sandbox", feedback=settings["feedback"], report=False)
-    shutil.rmtree(work, ignore_errors=True)
+    try:
+        (result,) = autograde(work / "class", work / "graded", jobs=1, timeout=settings["timeout"], progress=False,
+                              sandboxed=isolation == "sandbox", feedback=settings["feedback"], report=False)
+    finally:  # a daemon the kernel started outlives it (setsid); run_autograder leaves none of the student's
+        if isolation == "user" and not stop_students_processes():
+            print("some processes of the student's user would not stop")
+        shutil.rmtree(work, ignore_errors=True)
     spent = ", ".join(f"{stage} {seconds:.1f} s" for stage, seconds in result.seconds.items())
     print(f"graded {notebook.name} as {assignment.name} ({isolation}) in {time.monotonic() - started:.1f} s; "
           f"the hand-in itself: {spent or 'not graded'}")  # for instructors: Gradescope shows stdout to them only

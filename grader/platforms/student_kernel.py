@@ -4,7 +4,8 @@ be built (a container that forbids user namespaces), as Gradescope's best practi
 `python grader/platforms/student_kernel.py CONNECTION_FILE`, started by jupyter_client as root (the kernelspec that
 grader/platforms/gradescope.py writes names it), hands the kernel's folder to the user, becomes that user with no
 supplementary groups and no way to regain privileges, stops whatever an earlier kernel of that user left running,
-and becomes the kernel. The grader's files that matter (solutions/, build/ with the reference records, grader/, the
+takes the sandbox's kernel environment in place of run_autograder's, and becomes the kernel (gradescope.grade stops
+every process of the user again once the hand-in is graded). The grader's files that matter (solutions/, build/ with the reference records, grader/, the
 results folder) are not readable by that user (`gradescope.prepare` and `gradescope.run` set that).
 
 It then confines the kernel as far as an unprivileged process can: the sandbox's per-process limits (address
@@ -50,25 +51,72 @@ def student() -> tuple[int, int]:
     raise SystemExit(f"no user {USER} (setup.sh creates it) and no {UID_ENV}: refusing to run student code as root")
 
 
-def become_student(connection_file: str) -> None:
+def _drop_to(uid: int, gid: int) -> None:
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise SystemExit("prctl(PR_SET_NO_NEW_PRIVS) failed")
+
+
+def _kill_the_rest() -> None:
+    """Every process of this process's user but this one (kill(-1) spares its caller)."""
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def become_student(connection_file: str, kernel_env: dict[str, str] | None = None) -> None:
+    """Become the student's user in the kernel's folder, with `kernel_env` (the sandbox's kernel environment,
+    grader.kernel.sandbox.kernel_env) as the whole environment: nothing of run_autograder's (an instructor's
+    exported token, say) reaches student code."""
     uid, gid = student()
     if uid == 0:
         raise SystemExit("the student's uid is 0")
     folder = Path(connection_file).parent
     for path in (folder, Path(connection_file)):
         os.chown(path, uid, gid)
-    os.setgroups([])
-    os.setgid(gid)
-    os.setuid(uid)
-    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        raise SystemExit("prctl(PR_SET_NO_NEW_PRIVS) failed")
-    try:
-        os.kill(-1, signal.SIGKILL)  # every process this user still has (an earlier kernel's leftovers), not this one
-    except ProcessLookupError:
-        pass
+    _drop_to(uid, gid)
+    _kill_the_rest()  # an earlier kernel's leftovers
     os.umask(0o077)
     os.chdir(folder)
-    os.environ.update(HOME=str(folder), USER=USER, LOGNAME=USER, MPLCONFIGDIR=str(folder / ".matplotlib"))
+    os.environ.clear()
+    os.environ.update(kernel_env or {}, HOME=str(folder), USER=USER, LOGNAME=USER,
+                      MPLCONFIGDIR=str(folder / ".matplotlib"))
+
+
+def stop_students_processes(rounds: int = 20) -> bool:
+    """(As root) stop every process of the student's user, daemons a kernel left running included: a child that
+    becomes that user kills all of them, again until none is left (one forking meanwhile can escape a round).
+    True when none is left."""
+    uid, gid = student()
+    for _ in range(rounds):
+        if not _processes_of(uid):
+            return True
+        child = os.fork()
+        if child == 0:
+            try:
+                _drop_to(uid, gid)
+                _kill_the_rest()
+            finally:
+                os._exit(0)
+        os.waitpid(child, 0)
+    return not _processes_of(uid)
+
+
+def _processes_of(uid: int) -> list[int]:
+    """The processes (not zombies: their user can no longer run anything) that run as `uid`."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if int(fields["Uid"].split()[1]) == uid and not fields["State"].strip().startswith("Z"):
+            found.append(int(pid))
+    return found
 
 
 def confine(syscalls: object, limits: Limits) -> None:
@@ -87,8 +135,10 @@ if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # started by path: the grader of this tree
     from grader.kernel import seccomp
     from grader.kernel.limits import Limits
+    from grader.kernel.sandbox import kernel_env
 
     syscalls = seccomp.build(network=os.environ.get(NETWORK_ENV) == "inet")
-    become_student(sys.argv[1])
-    confine(syscalls, Limits.from_env())
+    limits = Limits.from_env()  # the instructor's limits, read before the environment is the kernel's
+    become_student(sys.argv[1], kernel_env())
+    confine(syscalls, limits)
     os.execv(sys.executable, [sys.executable, "-m", "ipykernel_launcher", "-f", sys.argv[1]])

@@ -1,4 +1,4 @@
-"""The instructor command line: release, check, edition, autograde, report, export, merge, gradescope."""
+"""The instructor command line: release, check, edition, autograde, report, export, merge, gradescope, nbgrader."""
 
 from __future__ import annotations
 
@@ -196,6 +196,23 @@ def _edition(args: argparse.Namespace) -> int:
     return 0
 
 
+def _nbgrader_init(args: argparse.Namespace) -> int:
+    from grader.nbgrader.coursedir import InitError, init
+
+    try:
+        done = init(args.dir, args.course_id, args.exchange)
+    except InitError as err:
+        print(f"nothing written: {err}", file=sys.stderr)
+        return 2
+    print(f"nbgrader course directory {done.root} (course id {done.course_id}, exchange {done.exchange}): "
+          f"nbgrader_config.py, source/ with {len(done.assignments)} assignments, student_nbgrader_config.py")
+    if done.exchange_note:
+        print(f"note: {done.exchange_note}")
+    print(f"next: cd {done.root} && nbgrader generate_assignment 01_gradient_descent && "
+          "nbgrader release_assignment 01_gradient_descent  (README, nbgrader on a hub)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m grader", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -257,6 +274,13 @@ def build_parser() -> argparse.ArgumentParser:
     selftest.add_argument("--timeout", type=int, default=30, help="seconds per cell")
     selftest.add_argument("--keep", type=Path, help="write the class and grades here (default: a temp folder)")
     selftest.set_defaults(run=_selftest)
+    hub = commands.add_parser("nbgrader", help="use the course in nbgrader's own workflow (exchange, autograde, formgrader)")
+    hub_commands = hub.add_subparsers(dest="nbgrader_command", required=True)
+    hub_init = hub_commands.add_parser("init", help="write or update an nbgrader course directory graded by this course")
+    hub_init.add_argument("dir", type=Path, help="the course directory (made if missing; the gradebook is kept)")
+    hub_init.add_argument("--course-id", default="training-mechanics-lab", help="nbgrader's course id")
+    hub_init.add_argument("--exchange", type=Path, help="the exchange folder (default: nbgrader's /srv/nbgrader/exchange)")
+    hub_init.set_defaults(run=_nbgrader_init)
     from grader.author.demo import add_demo_command
     add_demo_command(commands)
     return parser

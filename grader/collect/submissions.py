@@ -92,7 +92,7 @@ def assignment_in(data: bytes, known: list[Assignment]) -> Assignment | None:
     return next((a for a in known if a.name == name), None)
 
 
-def _read_bounded(path: Path) -> bytes:
+def read_bounded(path: Path) -> bytes:
     """The start of a regular file, or b"" when it cannot be read (the worker then says why)."""
     try:
         with open(path, "rb") as f:
@@ -310,7 +310,7 @@ def _hand_in(student: str, assignment: Assignment, folder: Path, known: list[Ass
     renamed = [n for n in notebooks if notebook_for(n[0].name, [assignment]) is not None]
     alone = notebooks if len(notebooks) == 1 else []
     by_content = [n for n in notebooks if not (exact or renamed or alone) and n[1].st_size <= MAX_NOTEBOOK_BYTES
-                  and assignment_in(_read_bounded(n[0]), [assignment]) is not None]
+                  and assignment_in(read_bounded(n[0]), [assignment]) is not None]
     chosen = (exact or renamed or alone or by_content)[:1]
     if not chosen:
         names = ", ".join(printable(p.name) for p, _ in notebooks[:5]) or "no notebook"
@@ -321,7 +321,7 @@ def _hand_in(student: str, assignment: Assignment, folder: Path, known: list[Ass
         sub.problem = Note(NoteKind.INVALID, f"notebook too large: {printable(path.name)} is {info.st_size / 2**20:.0f} MB "
                                              f"(limit {MAX_NOTEBOOK_BYTES // 2**20} MB)")
         return sub
-    other = assignment_in(_read_bounded(path), known)
+    other = assignment_in(read_bounded(path), known)
     if other is not None and other.name != assignment.name:
         sub.problem = Note(NoteKind.MISSING, f"foreign notebook: {printable(path.name)} is {other.name}'s (its metadata)")
         return sub

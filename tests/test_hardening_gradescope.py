@@ -114,16 +114,19 @@ class Timed:
         pass
 
 
-def test_set_up_cells_and_the_graders_steps_have_a_time_limit_of_their_own():
+def test_set_up_before_the_students_first_cell_has_a_time_limit_of_its_own():
+    """After the student's first cell, a step of the grader's can run student code (builtins it patched): the
+    per-cell limit holds there."""
     limits: list[float] = []
     steps = [Step("setup", "import torch", by_student=False), Step("setup (names)", "", by_student=False, history=False),
-             Step("mse_grad_answer", "def f(): pass", by_student=True), Step("cell 3", "1", by_student=True, added=True),
+             Step("mse_grad_answer", "def f(): pass", by_student=True), Step("setup_2", "X = 1", by_student=False),
+             Step("mse_grad (place)", "", by_student=False, history=False),
              Step("mse_grad", "observe()", by_student=False, test="mse_grad")]
     harness.run_steps(steps, lambda: Timed(limits), 10)
-    assert limits == [harness.SETUP_TIMEOUT_S, harness.SETUP_TIMEOUT_S, 10, 10, 10]
+    assert limits == [harness.SETUP_TIMEOUT_S, harness.SETUP_TIMEOUT_S, 10, 10, 10, 10]
     limits.clear()
     harness.run_steps(steps, lambda: Timed(limits), 600)
-    assert limits == [600] * 5
+    assert limits == [600] * 6
 
 
 def test_the_canary_runs_under_a_time_limit_of_its_own(monkeypatch):

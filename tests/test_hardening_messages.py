@@ -68,6 +68,14 @@ def test_a_malformed_message_is_no_output_and_costs_nothing_else(kind, content):
     nbformat.validate(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(outputs=run.outputs)]))
 
 
+def test_a_message_nested_deeper_than_the_grader_walks_is_no_output():
+    deep: list = []
+    for _ in range(5000):
+        deep = [deep]
+    run = _run([("display_data", {"data": {"application/json": deep}}), ("stream", {"name": "stdout", "text": "x"})])
+    assert run.outputs == [{"output_type": "stream", "name": "stdout", "text": "x"}]
+
+
 def test_well_formed_outputs_are_kept_as_nbformat_outputs_with_every_string_encodable():
     run = _run([("display_data", {"data": {"text/plain": ["a", ODD], "application/json": {"k": [ODD]}}}),
                 ("error", {"ename": "ValueError", "evalue": ODD, "traceback": [ODD]}),

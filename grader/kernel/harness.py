@@ -57,14 +57,17 @@ TIMEOUT, KILLED, DIED, OUTPUT_LIMIT, NOT_RUN, SKIPPED = (Failure.TIMEOUT, Failur
                                                           Failure.OUTPUT_LIMIT, Failure.NOT_RUN, Failure.SKIPPED)
 
 
-SETUP_TIMEOUT_S = 120.0  # at least, for the course's set-up cells and the grader's own steps (see step_limit)
+SETUP_TIMEOUT_S = 120.0  # at least, for the steps before the student's first (see step_limits)
 
 
-def step_limit(step: Step, timeout: float) -> float:
-    """Seconds `step` may run: the per-cell `timeout` for what the student wrote and for the hidden tests; at least
-    SETUP_TIMEOUT_S for the course's set-up cells and the grader's own steps, whose time says how busy or slow the
-    host is, never what a hand-in did (a slow host under a short --timeout must not fail them: every test would)."""
-    return timeout if step.by_student or step.test else max(timeout, SETUP_TIMEOUT_S)
+def step_limits(steps: list[Step], timeout: float) -> list[float]:
+    """Seconds each of `steps` may run: at least SETUP_TIMEOUT_S for the course's set-up cells and the grader's
+    own steps before the first step of the student's, whose time says how slow or busy the host is, never what a
+    hand-in did (a slow host under a short --timeout must not fail them: every test would); the per-cell `timeout`
+    from there on, for everything (student code can run inside a later step of the grader's, through builtins
+    it patched, and must not get more time there than in its own cells)."""
+    first = next((i for i, step in enumerate(steps) if step.by_student or step.test), len(steps))
+    return [max(timeout, SETUP_TIMEOUT_S) if i < first else timeout for i in range(len(steps))]
 
 
 def own_cells_budget(timeout: float) -> float:
@@ -308,16 +311,20 @@ class Kernel:
             if kind == "clear_output":
                 result.outputs.clear()
                 continue
-            size = len(json.dumps(content, default=str))
             data = content.get("data")
-            if kind == "display_data" and isinstance(data, dict) and probe.MIME in data:
+            payload = kind == "display_data" and isinstance(data, dict) and probe.MIME in data
+            try:
+                size = len(json.dumps(content, default=str))
+                output = None if payload else _as_output(kind, content)
+            except RecursionError:  # nested deeper than the grader walks: dropped, as a malformed message is
+                continue
+            if payload:
                 payload_chars += size
                 if payload_chars <= MAX_PAYLOAD_CHARS:
                     result.payloads.append(data[probe.MIME])  # whatever it is: judge.decode_messages checks it
                 else:  # the rest is dropped: what came is cut short, and the status says why
                     result.failure = result.failure or OUTPUT_LIMIT
                 continue
-            output = _as_output(kind, content)
             if output is None:
                 continue
             if output["output_type"] == "error":
@@ -501,7 +508,7 @@ def run_steps(steps: list[Step], new_kernel: Callable[[], Kernel], timeout: floa
     kept = 0  # output characters kept so far: a flood spread over many cells is still bounded
     own_seconds, budget, grace = 0.0, own_cells_budget(timeout), 0.0
     try:
-        for step in steps:
+        for step, limit in zip(steps, step_limits(steps, timeout)):
             if kernel is None:
                 began = time.monotonic()
                 kernel, restarts = _fresh(new_kernel, replay, timeout, restarts, first=not runs)
@@ -511,7 +518,7 @@ def run_steps(steps: list[Step], new_kernel: Callable[[], Kernel], timeout: floa
             elif step.added and own_seconds >= budget and (grace >= timeout or not defines_only(step.code)):
                 run = StepRun(failure=SKIPPED)
             else:
-                run = kernel.run(step.code, step_limit(step, timeout), store_history=step.history and not step.test)
+                run = kernel.run(step.code, limit, store_history=step.history and not step.test)
                 if step.added and own_seconds >= budget:
                     grace += run.seconds  # a definition past the budget: together at most about one --timeout
                 if run.failure in (KILLED, DIED):
@@ -554,8 +561,8 @@ def _fresh(new_kernel: Callable[[], Kernel], replay: list[Step], timeout: float,
             kernel = new_kernel()
         except Exception:
             return None, restarts
-        for index, step in enumerate(replay):
-            if kernel.run(step.code, step_limit(step, timeout), store_history=step.history).failure in (KILLED, DIED):
+        for index, (step, limit) in enumerate(zip(replay, step_limits(replay, timeout))):
+            if kernel.run(step.code, limit, store_history=step.history).failure in (KILLED, DIED):
                 kernel.stop()
                 del replay[index]
                 break

@@ -15,8 +15,10 @@ function up by name in `__main__` and do not find it. Two ways round that, both 
 
 Every launch streams each rank's output into the notebook (`[rank R] ` prefixes), stops every rank
 when one fails or the time runs out, and raises `LaunchError` (or, for a rank that hit an unfinished
-exercise, `NotImplementedError`) — labkit.launch holds that shared plumbing. `choose_backend` picks gloo
-or nccl (`TML_BACKEND` overrides).
+exercise, `NotImplementedError`) — labkit.launch holds that shared plumbing; a rank of a function launch that
+fails prints one line, its traceback only with `tracebacks=True` (or TML_TRACEBACKS=1). `choose_backend` picks gloo
+or nccl (`TML_BACKEND` overrides): nccl only where it passed `nccl_probe`, one all-reduce forked from this process,
+once per process — a kernel whose nccl hangs or fails loses one short probe, not every launch's time limit.
 """
 
 from __future__ import annotations
@@ -52,11 +54,12 @@ from labkit.launch import (
 from labkit.rank_server import ForkRefused, RankServer, cuda_fork_poisoned
 
 __all__ = ["BACKENDS", "LaunchError", "LaunchResult", "RankError", "choose_backend", "cuda_fork_poisoned", "free_port",
-           "function_source", "init_rank", "rank_device", "rank_environment", "ranks_output", "run_ranks",
+           "function_source", "init_rank", "nccl_probe", "rank_device", "rank_environment", "ranks_output", "run_ranks",
            "run_torchrun", "start_rank_server", "torchrun_command", "write_script"]
 
 BACKENDS = ("gloo", "nccl")
 COLLECTIVE_GRACE_S = 10.0  # a function launch's collectives give up this long after the launch's time limit
+NCCL_PROBE_TIMEOUT_S = 15.0  # the probe's launch: CUDA contexts and nccl's set-up take seconds; a hang is cut here
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nobody listens on right now, chosen by the operating system (notebook 07)."""
@@ -170,20 +173,56 @@ def run_torchrun(
 def choose_backend(nproc: int = 2) -> str:
     """gloo or nccl for `nproc` ranks on this machine; the environment variable TML_BACKEND overrides (notebook 07).
 
-    nccl needs a GPU per rank: it is chosen when nccl is built in and at least `nproc` GPUs are visible.
-    `torch.cuda.device_count()` asks NVML when it can load it, and then choosing leaves this process's CUDA
-    driver alone; without NVML it asks the CUDA runtime, which initialises the driver — after which ranks
-    forked from this process cannot use CUDA (`cuda_fork_poisoned()` says whether that happened).
+    nccl needs a GPU per rank: it is chosen when nccl is built in, at least `nproc` GPUs are visible and
+    `nccl_probe(nproc)` passed in this process. `torch.cuda.device_count()` asks NVML when it can load it, and then
+    choosing leaves this process's CUDA driver alone; without NVML it asks the CUDA runtime, which initialises the
+    driver — after which ranks forked from this process cannot use CUDA (`cuda_fork_poisoned()` says whether that
+    happened, and the probe then fails at once).
     """
     forced = os.environ.get("TML_BACKEND", "").strip().lower()
     if forced:
         if forced not in BACKENDS:
             raise ValueError(f"TML_BACKEND must be one of {', '.join(BACKENDS)}, not {forced!r}")
         return forced
+    return "gloo" if _nccl_impossible(nproc) or nccl_probe(nproc) else "nccl"
+
+
+_NCCL_PROBES: dict[int, str] = {}  # ranks → why nccl failed its probe in this process ("" when it passed)
+
+
+def nccl_probe(nproc: int = 2, timeout_s: float = NCCL_PROBE_TIMEOUT_S) -> str:
+    """Why nccl cannot run `nproc` ranks forked from this process, "" when it can; asked once per process (notebook 07).
+
+    The probe forks `nproc` ranks that join an nccl group and all-reduce one number, within `timeout_s`, with nothing
+    echoed; the first call prints one line with the outcome and the backend launches will use, later calls repeat
+    the answer without printing.
+    """
+    if nproc not in _NCCL_PROBES:
+        why = _nccl_impossible(nproc)
+        start = time.perf_counter()
+        if not why:
+            try:
+                total = _run_function(_one_all_reduce, nproc, (), {}, "nccl", True, timeout=timeout_s, env=None,
+                                      echo=False, check=True, threads_per_process=1, tracebacks=False).values[0]
+                why = "" if total == nproc else f"the all-reduce of 1 over {nproc} ranks gave {total}"
+            except (LaunchError, NotImplementedError) as failure:
+                why = (f"rank {failure.rank}: " if isinstance(failure, RankError) else "") + str(
+                    getattr(failure, "summary", failure))
+        _NCCL_PROBES[nproc] = why
+        print(f"nccl probe, one all-reduce on {nproc} ranks ({time.perf_counter() - start:.1f} s): "
+              + (f"failed — {why}; launches from this process use gloo" if why else
+                 "passed; launches from this process use nccl"), flush=True)
+    return _NCCL_PROBES[nproc]
+
+
+def _one_all_reduce() -> float:
+    """In a probe's rank: all-reduce a 1 on this rank's GPU; returns the sum (the number of ranks)."""
     import torch
     import torch.distributed as dist
 
-    return "nccl" if dist.is_nccl_available() and torch.cuda.device_count() >= nproc else "gloo"
+    one = torch.ones(1, device=rank_device())
+    dist.all_reduce(one)
+    return float(one.item())
 
 
 def init_rank(backend: str | None = None, timeout_s: float = 60.0):
@@ -250,6 +289,7 @@ def run_ranks(
     check: bool = True,
     threads_per_process: int = 1,
     fork: bool | None = None,
+    tracebacks: bool | None = None,
 ) -> LaunchResult:
     """Run `target` as ranks 0..nproc-1 on this machine, as torchrun --standalone would, and stream their output (notebook 07).
 
@@ -264,8 +304,11 @@ def run_ranks(
 
     When one rank fails the others are stopped; on timeout every rank is. A rank that stops at an
     unfinished exercise raises NotImplementedError here; any other failure raises LaunchError (RankError
-    when a function raised), unless `check` is False. An nccl launch that fails is tried again with
-    `fallback` (gloo on the CPU) after saying why; `fallback=None` raises instead.
+    when a function raised), unless `check` is False. A function's rank that raised prints one line (what and
+    where); with `tracebacks` (default: the variable TML_TRACEBACKS=1) its traceback. With a `fallback`, nccl
+    is used only where `nccl_probe` passed in this process (it probes on first use; else the launch runs with
+    `fallback`, gloo on the CPU, after one line saying so), and an nccl launch that fails all the same is tried
+    again with `fallback` after saying why; `fallback=None` launches nccl without a probe and raises instead.
     """
     backend = backend or choose_backend(nproc)
     if backend not in BACKENDS:
@@ -273,12 +316,20 @@ def run_ranks(
     options: dict[str, Any] = dict(timeout=timeout, env=env, echo=echo, check=check, threads_per_process=threads_per_process)
     launch: Callable[[str], LaunchResult]
     if callable(target):
+        shown = os.environ.get("TML_TRACEBACKS", "") == "1" if tracebacks is None else tracebacks
         launch = lambda chosen: _run_function(target, nproc, tuple(args), dict(kwargs or {}), chosen, init,  # noqa: E731
-                                              **options)
+                                              tracebacks=shown, **options)
     else:
         launch = lambda chosen: _run_script(target, nproc, script_args, chosen, fork=fork, **options)  # noqa: E731
     if backend != "nccl" or not fallback or fallback == backend:
         return launch(backend)
+    probed = nproc in _NCCL_PROBES  # else the probe runs now and its own line says what it found
+    failed_probe = nccl_probe(nproc)
+    if failed_probe:
+        if probed:
+            print(f"nccl failed its probe in this process ({failed_probe}): this launch runs with {fallback} on the "
+                  "CPU.", flush=True)
+        return launch(fallback)
     try:
         return launch(backend)
     except LaunchError as failure:
@@ -320,7 +371,7 @@ def _run_script(script: str | os.PathLike[str], nproc: int, script_args: Sequenc
 
 def _run_function(fn: Callable[..., Any], nproc: int, args: tuple, kwargs: dict, backend: str, init: bool, *,
                   timeout: float, env: Mapping[str, str] | None, echo: bool, check: bool,
-                  threads_per_process: int) -> LaunchResult:
+                  threads_per_process: int, tracebacks: bool) -> LaunchResult:
     if not hasattr(os, "fork"):
         raise LaunchError("run_ranks(function) forks the ranks from this process, which this platform cannot do: "
                           "use Linux (or WSL) or macOS", "this platform cannot fork")
@@ -340,7 +391,7 @@ def _run_function(fn: Callable[..., Any], nproc: int, args: tuple, kwargs: dict,
     # (LaunchError "ran past", and the launch counted as timed out), never by a gloo error racing it.
     join = (lambda: init_rank(backend, timeout_s=timeout + COLLECTIVE_GRACE_S)) if init else None
     return launch_function(fn, args, kwargs, envs, join, backend=backend, timeout=timeout, echo=echo, check=check,
-                           threads=threads_per_process)
+                           threads=threads_per_process, tracebacks=tracebacks)
 
 
 def _nccl_impossible(nproc: int) -> str:

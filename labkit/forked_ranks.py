@@ -3,7 +3,8 @@
 `torch.multiprocessing.spawn` starts fresh interpreters, which look a function up by name and cannot find
 one a notebook cell defined. A fork is a copy of this process: the function, and the data it uses, are
 already there. Each child gets its environment, joins the process group (the caller's `join`), runs the
-function, and leaves a record — {"value"} or {"error", "message"} — that comes back in the result.
+function, and leaves a record — {"value"} or {"error", "message"} — that comes back in the result. A rank that
+fails prints one line (what it raised, and where); its full traceback only with `tracebacks=True`.
 """
 
 from __future__ import annotations
@@ -82,12 +83,13 @@ def preload() -> None:
 
 def launch_function(fn: Callable[..., Any], args: tuple, kwargs: dict, envs: Sequence[dict[str, str]],
                     join: Callable[[], object] | None, *, backend: str, timeout: float, echo: bool, check: bool,
-                    threads: int) -> LaunchResult:
+                    threads: int, tracebacks: bool = False) -> LaunchResult:
     """Fork one rank per environment in `envs`; each calls `join()` (when given), then `fn(*args, **kwargs)` (notebook 07).
 
     What each rank returned comes back in `values`. When one rank fails the others are stopped; on
     timeout every rank is. With `check`, a rank at an unfinished exercise raises NotImplementedError,
-    a rank whose function raised raises RankError, any other failure LaunchError.
+    a rank whose function raised raises RankError, any other failure LaunchError. A failing rank prints a
+    one-line summary, or with `tracebacks` its traceback.
     """
     preload()
     nproc = len(envs)
@@ -99,7 +101,7 @@ def launch_function(fn: Callable[..., Any], args: tuple, kwargs: dict, envs: Seq
     try:
         for rank, env in enumerate(envs):
             ranks.append(_fork_rank(fn, args, kwargs, join, env, threads, folder / f"rank{rank}.pt", timeout,
-                                    [r.stdout.fileno() for r in ranks]))
+                                    [r.stdout.fileno() for r in ranks], tracebacks))
         output, timed_out, closed = stream(ranks, rank_label, timeout, echo, stop_on_failure=True)
         seconds = time.perf_counter() - start
         records = [_read_record(folder / f"rank{rank}.pt") for rank in range(nproc)]
@@ -138,14 +140,16 @@ def _read_record(path: Path) -> dict | None:
 
 
 def _fork_rank(fn: Callable[..., Any], args: tuple, kwargs: dict, join: Callable[[], object] | None,
-               env: dict[str, str], threads: int, record_path: Path, timeout: float, inherited: list[int]) -> ForkedRank:
+               env: dict[str, str], threads: int, record_path: Path, timeout: float, inherited: list[int],
+               tracebacks: bool) -> ForkedRank:
     """Fork one rank: it joins the group (`join`), runs `fn`, saves {"value"} or {"error", "message"}, and exits."""
     read_end, write_end = os.pipe()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # Python 3.12+: fork with threads (the kernel's) running
         pid = os.fork()
     if pid == 0:  # the rank; it never returns from here
-        _become_rank(fn, args, kwargs, join, env, threads, record_path, timeout, [read_end, *inherited], write_end)
+        _become_rank(fn, args, kwargs, join, env, threads, record_path, timeout, [read_end, *inherited], write_end,
+                     tracebacks)
     os.close(write_end)
     return ForkedRank(pid, os.fdopen(read_end, "rb", buffering=0))
 
@@ -209,24 +213,30 @@ def _own_output(close: list[int], output: int) -> None:
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True, write_through=True)
 
 
-def _failure_record(exc: BaseException) -> dict:
-    """Print the rank's traceback (its own frames only) and say what it raised."""
+def _failure_record(exc: BaseException, tracebacks: bool) -> dict:
+    """Print one line — what the rank raised, and where in its own code — or with `tracebacks` its traceback (its own
+    frames only); say what it raised."""
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename in _LAUNCHER_FILES:
         tb = tb.tb_next
     message = str(exc)[:2000]
-    if isinstance(exc, NotImplementedError) and tb is not None:
-        where = traceback.extract_tb(tb)[-1].name  # a stub: its name says enough
-        message = message or f"{where}() is not written yet"
+    last = traceback.extract_tb(tb)[-1] if tb is not None else None
+    if isinstance(exc, NotImplementedError) and last is not None:
+        message = message or f"{last.name}() is not written yet"  # a stub: its name says enough
         print(f"NotImplementedError: {message}", file=sys.stderr)
-    else:
+    elif tracebacks:
         traceback.print_exception(type(exc), exc, tb or exc.__traceback__)
+    else:
+        where = f" (in {last.name}, line {last.lineno})" if last is not None else ""
+        first = (message.strip().splitlines() or [""])[0]
+        print(f"{type(exc).__name__}: {first}{where} — for the traceback: TML_TRACEBACKS=1 or "
+              "run_ranks(..., tracebacks=True)", file=sys.stderr)
     return {"error": type(exc).__name__, "message": message}
 
 
 def _become_rank(fn: Callable[..., Any], args: tuple, kwargs: dict, join: Callable[[], object] | None,
                  env: dict[str, str], threads: int, record_path: Path, timeout: float, close: list[int],
-                 output: int) -> None:
+                 output: int, tracebacks: bool) -> None:
     code, record = 1, {"error": "SystemExit", "message": "the rank stopped before it finished"}
     try:
         _own_output(close, output)
@@ -241,7 +251,7 @@ def _become_rank(fn: Callable[..., Any], args: tuple, kwargs: dict, join: Callab
         _leave_together(timeout)
         record, code = {"value": value}, 0  # only now: a rank that failed to leave has not succeeded
     except BaseException as exc:
-        record = _failure_record(exc)
+        record = _failure_record(exc, tracebacks)
     finally:
         try:
             import torch

@@ -1,8 +1,10 @@
-"""Tests for helpers.distributed: scripts and torchrun command lines, script and function launches, failures,
-timeouts, the choice of backend, the per-rank device set-up, the fork probe and the nccl and fork fallbacks."""
+"""Tests for helpers.distributed: scripts and torchrun command lines, script and function launches, failures (one
+line per rank, tracebacks on request), timeouts, the choice of backend, the nccl probe, the per-rank device set-up,
+the fork probe and the nccl and fork fallbacks."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -14,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import helpers.distributed as distributed
 from helpers.distributed import (
     LaunchError,
     RankError,
@@ -21,6 +24,7 @@ from helpers.distributed import (
     free_port,
     function_source,
     init_rank,
+    nccl_probe,
     rank_device,
     run_ranks,
     run_torchrun,
@@ -286,17 +290,107 @@ def test_function_ranks_without_init_join_the_group_themselves():
     assert run_ranks(body, 2, init=False, echo=False).values == ((False, "cpu", "gloo", "cpu"),) * 2
 
 
-# --- nccl: refusals and the fallback to gloo ------------------------------------------------------------------
-
 @pytest.mark.slow
-def test_nccl_launch_that_cannot_run_falls_back_to_gloo(monkeypatch, capsys):
+def test_a_failing_rank_prints_one_line_and_its_traceback_only_on_request(capsys, monkeypatch):
+    def body():
+        import time
+
+        import torch.distributed as dist
+
+        if dist.get_rank() == 1:
+            raise ValueError("rank 1 gives up\nsecond line of the message")
+        time.sleep(600)
+
+    monkeypatch.delenv("TML_TRACEBACKS", raising=False)
+    with pytest.raises(RankError, match="rank 1 raised ValueError"):
+        run_ranks(body, 2, backend="gloo", timeout=60)
+    printed = capsys.readouterr().out
+    lines, first = inspect.getsourcelines(body)
+    raised_at = first + next(i for i, line in enumerate(lines) if "raise ValueError" in line)
+    assert [line for line in printed.splitlines() if line.startswith("[rank 1]")] == [
+        f"[rank 1] ValueError: rank 1 gives up (in body, line {raised_at}) — for the traceback: TML_TRACEBACKS=1 or "
+        "run_ranks(..., tracebacks=True)"]
+    assert "Traceback" not in printed and not [line for line in printed.splitlines() if line.startswith("[rank 0]")]
+    for shown in (dict(tracebacks=True), {}):
+        if not shown:
+            monkeypatch.setenv("TML_TRACEBACKS", "1")
+        with pytest.raises(RankError):
+            run_ranks(body, 2, backend="gloo", timeout=60, **shown)
+        printed = capsys.readouterr().out
+        assert "[rank 1] Traceback (most recent call last):" in printed and "[rank 1] ValueError: rank 1 gives up" in printed
+
+
+# --- nccl: the probe, refusals and the fallback to gloo ------------------------------------------------------------
+
+@pytest.fixture
+def two_gpus_with_nccl(monkeypatch):
+    """Whatever this machine has: nccl built in, 2 GPUs visible, and no probe run yet in this process."""
     import torch
     import torch.distributed as dist
 
-    # Whatever this machine has: nccl and 2 GPUs, but a forked child is told it is in a bad fork (as after
-    # torch.cuda.is_available() initialised the driver), so forked ranks cannot use CUDA.
     monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(distributed, "_NCCL_PROBES", {})
+    launches = []
+    real = distributed._run_function
+    monkeypatch.setattr(distributed, "_run_function", lambda *a, **k: launches.append(a[4]) or real(*a, **k))
+    return launches  # the backend of every function launch, the probe's included
+
+
+def _nccl_fails_in_the_ranks(monkeypatch, how):
+    """nccl made to fail where it fails on a GPU host: in each forked rank, as it joins (a fork keeps the patch)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "set_device", how)
+
+
+def _unhandled_system_error(device):
+    raise RuntimeError("NCCL error in: ProcessGroupNCCL.cpp, unhandled system error (run with NCCL_DEBUG=INFO)")
+
+
+@pytest.mark.slow
+def test_a_failed_nccl_probe_picks_gloo_for_the_process_in_one_line(two_gpus_with_nccl, monkeypatch, capsys):
+    _nccl_fails_in_the_ranks(monkeypatch, _unhandled_system_error)
+    assert choose_backend(2) == "gloo"
+    printed = capsys.readouterr().out
+    assert printed.splitlines() == [printed.strip()] and "Traceback" not in printed
+    assert re.fullmatch(r"nccl probe, one all-reduce on 2 ranks \(\d+\.\d s\): failed — rank \d: RuntimeError: NCCL error "
+                        r"in: ProcessGroupNCCL\.cpp, unhandled system error \(run with NCCL_DEBUG=INFO\); launches from "
+                        r"this process use gloo\n", printed), printed
+    assert choose_backend(2) == "gloo" and capsys.readouterr().out == ""  # asked once per process
+    # a launch that asks for nccl goes to gloo at once, in one line, without trying nccl again
+    result = run_ranks(_sum_of_ranks, 2, args=(1.0,), backend="nccl", echo=False)
+    assert result.backend == "gloo" and result.values[0][0] == 3.0
+    assert capsys.readouterr().out.startswith("nccl failed its probe in this process (rank ")
+    assert two_gpus_with_nccl == ["nccl", "gloo"]
+
+
+@pytest.mark.slow
+def test_a_hung_nccl_probe_ends_at_its_short_time_limit(two_gpus_with_nccl, monkeypatch, capsys):
+    _nccl_fails_in_the_ranks(monkeypatch, lambda device: time.sleep(600))  # nccl's set-up never returns
+    start = time.perf_counter()
+    assert nccl_probe(2, timeout_s=3) == "the ranks ran past 3 s and were stopped"
+    assert time.perf_counter() - start < 15
+    assert "launches from this process use gloo" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_passed_nccl_probe_picks_nccl(two_gpus_with_nccl, monkeypatch, capsys):
+    # nccl stood in for by gloo inside the ranks: the probe's own all-reduce runs for real and sums to 2
+    real = distributed.init_rank
+    monkeypatch.setattr(distributed, "init_rank", lambda backend, timeout_s: real("gloo", timeout_s))
+    assert choose_backend(2) == "nccl" and nccl_probe(2) == ""
+    assert re.fullmatch(r"nccl probe, one all-reduce on 2 ranks \(\d+\.\d s\): passed; launches from this process use "
+                        r"nccl\n", capsys.readouterr().out)
+    assert two_gpus_with_nccl == ["nccl"]
+
+
+@pytest.mark.slow
+def test_nccl_launch_that_cannot_run_falls_back_to_gloo(two_gpus_with_nccl, monkeypatch, capsys):
+    import torch
+
+    # a forked child is told it is in a bad fork (as after torch.cuda.is_available() initialised the driver), so forked
+    # ranks cannot use CUDA: the probe fails before it forks
     monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: True)
     with pytest.raises(LaunchError, match="CUDA's driver is already initialised in this process"):
         run_ranks(_sum_of_ranks, 2, args=(1.0,), backend="nccl", fallback=None, echo=False)
@@ -304,7 +398,11 @@ def test_nccl_launch_that_cannot_run_falls_back_to_gloo(monkeypatch, capsys):
     result = run_ranks(_sum_of_ranks, 2, args=(1.0,), backend="nccl", echo=False)
     assert time.perf_counter() - start < 30  # fails fast: no stall before the fallback
     assert result.backend == "gloo" and result.values[0][0] == 3.0
-    assert "The nccl launch failed" in capsys.readouterr().out
+    assert "failed — CUDA's driver was initialised in this process before the fork" in capsys.readouterr().out
+    # a launch that fails after a passed probe is tried again with gloo
+    monkeypatch.setattr(distributed, "_NCCL_PROBES", {2: ""})
+    result = run_ranks(_sum_of_ranks, 2, args=(1.0,), backend="nccl", echo=False)
+    assert result.backend == "gloo" and "The nccl launch failed" in capsys.readouterr().out
 
 
 def test_nccl_needs_a_gpu_per_rank(monkeypatch):
@@ -323,9 +421,14 @@ def test_choose_backend(monkeypatch):
 
     monkeypatch.delenv("TML_BACKEND", raising=False)
     monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    probed = []
+    monkeypatch.setattr(distributed, "nccl_probe", lambda nproc: probed.append(nproc) or "")  # nccl passes its probe
     for gpus, nproc, wanted in ((0, 2, "gloo"), (1, 2, "gloo"), (2, 2, "nccl"), (8, 2, "nccl"), (2, 4, "gloo")):
         monkeypatch.setattr(torch.cuda, "device_count", lambda gpus=gpus: gpus)
         assert choose_backend(nproc) == wanted
+    assert probed == [2, 2]  # only where nccl could run
+    monkeypatch.setattr(distributed, "nccl_probe", lambda nproc: "it hung")
+    assert choose_backend(2) == "gloo"
     monkeypatch.setattr(dist, "is_nccl_available", lambda: False)
     assert choose_backend(2) == "gloo"
     monkeypatch.setenv("TML_BACKEND", "NCCL")

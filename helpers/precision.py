@@ -5,7 +5,9 @@ work. `time_call` synchronises (CUDA events on a GPU, `perf_counter` on the CPU,
 is synchronous). `measure_precision` trains the same model for a few steps of a given AMP step
 function (notebook 06's `amp_train_step`, the student's own) under one autocast dtype and reports
 time per step, peak memory (CUDA only: torch has no allocator statistics for the CPU) and the final
-loss; `scripts/gpu_check.py` and notebook 06 both build their tables with it. On a GPU the fp32 row
+loss; `scripts/gpu_check.py` and notebook 06 both build their tables with it. The timed region holds the steps
+alone: the step returns its loss as a tensor (no `.item()`), the Adam is fused (GradScaler reads no inf flag on the
+host), and skipped steps are counted afterwards from the optimizer's own step count. On a GPU the fp32 row
 can be measured with TF32 matmuls off (true fp32) or on (`tf32=`), peak memory is counted above what was
 allocated before the run, `bf16_support` says whether bf16 is native or emulated on the device, and
 `tf32_support` whether the device has TF32 at all (a row that asked for it on a GPU without says so in its label).
@@ -124,8 +126,8 @@ class PrecisionRow:
     baseline_mib: float | None = None  # allocated on the device before the run (earlier tensors); None on the CPU
 
 
-# amp_train_step(model, batch, loss_fn, optimizer, scaler, device, dtype) -> loss (notebook 06's contract)
-AmpStep = Callable[..., float]
+# amp_train_step(model, batch, loss_fn, optimizer, scaler, device, dtype) -> the loss, a detached 0-d tensor (notebook 06)
+AmpStep = Callable[..., torch.Tensor]
 
 
 def measure_precision(
@@ -143,7 +145,9 @@ def measure_precision(
     """Train `make_mlp` for `steps` Adam steps of `train_step` under autocast(`dtype`) (None = fp32) and measure it (notebook 06).
 
     fp16 gets an enabled GradScaler (the scale guards against underflow); bf16 has fp32's exponent
-    range and fp32 needs no scaling, so theirs is disabled. Parameters stay fp32 in every row.
+    range and fp32 needs no scaling, so theirs is disabled. Parameters stay fp32 in every row. Nothing inside the
+    timed steps waits for the device: the Adam is fused, so GradScaler hands it the inf flag on the device instead
+    of reading it on the host, and a skipped step is counted after the timing, from the optimizer's step count.
     `tf32` (CUDA only) runs the row with TF32 matmuls switched on or off (None: leave the setting as it is).
     Peak memory is counted above what was already allocated on the device when the call began.
     """
@@ -160,27 +164,24 @@ def measure_precision(
 def _measure(train_step: AmpStep, device: torch.device, dtype: torch.dtype | None, steps: int, batch: int, width: int,
              depth: int, seed: int, tf32: bool | None, baseline: int | None) -> PrecisionRow:
     model = make_mlp(width, depth, seed=seed).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
     gen = torch.Generator().manual_seed(seed + 1)
     X = torch.randn(batch, 64, generator=gen).to(device)
     y = torch.randint(0, 10, (batch,), generator=gen).to(device)
     loss_fn = nn.CrossEntropyLoss()
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-    skipped = 0
+    warmup = 2
 
-    def step() -> float:
-        nonlocal skipped
-        before = scaler.get_scale() if scaler.is_enabled() else 1.0
+    def step() -> torch.Tensor:
         with warnings.catch_warnings():
             # The fp32 row passes dtype=float32. CPU autocast accepts only bf16 and fp16 and switches itself off
             # with a warning, silenced here; CUDA autocast stays on with float32 as its low dtype, which casts nothing.
             warnings.filterwarnings("ignore", message=".*autocast.*")
-            loss = train_step(model, (X, y), loss_fn, optimizer, scaler, device, dtype or torch.float32)
-        if scaler.is_enabled() and scaler.get_scale() < before:
-            skipped += 1
-        return loss
+            return train_step(model, (X, y), loss_fn, optimizer, scaler, device, dtype or torch.float32)
 
-    seconds = time_call(step, device, repeats=steps, warmup=2)
+    seconds = time_call(step, device, repeats=steps, warmup=warmup)
+    # fused Adam counts only the steps it took (a step with inf gradients is taken back); read after the timing
+    stepped = int(optimizer.state[next(model.parameters())]["step"])
     peak = (torch.cuda.max_memory_allocated(device) - baseline) / 2**20 if baseline is not None else None
     with torch.no_grad():
         final = float(loss_fn(model(X).float(), y))
@@ -188,5 +189,5 @@ def _measure(train_step: AmpStep, device: torch.device, dtype: torch.dtype | Non
     if dtype is None and tf32 is not None:
         label = "fp32, TF32 off" if not tf32 else (
             "fp32, TF32 matmuls" if tf32_support(device) == "native" else "fp32, TF32 asked, none here")
-    return PrecisionRow(label, str(device), seconds * 1000.0, peak, final, skipped,
+    return PrecisionRow(label, str(device), seconds * 1000.0, peak, final, warmup + steps - stepped,
                         baseline / 2**20 if baseline is not None else None)

@@ -1,5 +1,6 @@
-"""Tests for helpers.precision: timing on the CPU, the seeded MLP, one measured precision row per dtype, and the
-GPU-only switches (TF32, bf16 support) as far as the CPU can test them."""
+"""Tests for helpers.precision: timing on the CPU, the seeded MLP, one measured precision row per dtype, a timed
+region without host syncs, skipped steps counted after it, and the GPU-only switches (TF32, bf16 support) as far as
+the CPU can test them."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import time
 import pytest
 import torch
 
+import helpers.precision as precision
 from grader.author.mutants import reference_function
 from helpers.precision import (
     PrecisionRow,
@@ -58,6 +60,65 @@ def test_measure_precision_row_on_cpu(dtype):
     assert row.ms_per_step > 0 and row.skipped_steps == 0
     assert torch.isfinite(torch.tensor(row.final_loss))
     assert row.label.startswith({None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype])
+
+
+HOST_READS = ((torch.Tensor, "item"), (torch.Tensor, "tolist"), (torch.Tensor, "__float__"), (torch.Tensor, "__bool__"),
+              (torch.amp.GradScaler, "get_scale"), (torch.amp.GradScaler, "_maybe_opt_step"), (torch.cuda, "synchronize"))
+
+
+def _host_reads_while_timed(monkeypatch, train_step, dtype) -> list[str]:
+    """The calls that read a device value on the host (on a GPU: wait for it) made inside `time_call`, by name.
+
+    GradScaler._maybe_opt_step is where GradScaler.step reads the inf flag with .item() when the optimizer cannot
+    take it on the device."""
+    timing, seen = [False], []
+
+    def counted(owner, name):
+        real = getattr(owner, name)
+
+        def call(*args, **kwargs):
+            if timing[0]:
+                seen.append(name)
+            return real(*args, **kwargs)
+        monkeypatch.setattr(owner, name, call)
+
+    for owner, name in HOST_READS:
+        counted(owner, name)
+    real_time_call = precision.time_call
+
+    def timed(*args, **kwargs):
+        timing[0] = True
+        try:
+            return real_time_call(*args, **kwargs)
+        finally:
+            timing[0] = False
+    monkeypatch.setattr(precision, "time_call", timed)
+    precision.measure_precision(train_step, CPU, dtype, steps=3, batch=16, width=16, depth=2)
+    return seen
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16, torch.float16])
+def test_the_timed_region_holds_no_host_read(monkeypatch, dtype):
+    assert _host_reads_while_timed(monkeypatch, amp_train_step, dtype) == []
+
+
+def test_the_host_read_probe_sees_a_step_that_reads_its_loss(monkeypatch):
+    def reads_loss(*args):
+        return amp_train_step(*args).item()
+
+    assert _host_reads_while_timed(monkeypatch, reads_loss, torch.float16) == ["item"] * 5  # 2 warm-up + 3 timed steps
+
+
+def test_a_skipped_fp16_step_is_counted_after_the_timing():
+    calls = []
+
+    def first_batch_inf(model, batch, *rest):
+        calls.append(1)
+        X, y = batch
+        return amp_train_step(model, (torch.full_like(X, float("inf")) if len(calls) == 1 else X, y), *rest)
+
+    row = measure_precision(first_batch_inf, CPU, torch.float16, steps=3, batch=16, width=16, depth=2)
+    assert len(calls) == 5 and row.skipped_steps == 1 and torch.isfinite(torch.tensor(row.final_loss))
 
 
 def test_measure_precision_lowers_the_loss():

@@ -136,6 +136,22 @@ def stock_nbgrader(assignment: str, copies: int, workdir: Path) -> tuple[float, 
     return time.perf_counter() - start, busy_cpu() - cpu
 
 
+def nbgrader_with_course_grading(assignment: str, copies: int, workdir: Path) -> tuple[float, float]:
+    """Wall and CPU seconds of `nbgrader autograde` in a course directory `python -m grader nbgrader init` wrote
+    (grader/nbgrader/): nbgrader's own command, the course's grader deciding the points, over the same copies."""
+    chosen = assignment_named(assignment)
+    course = workdir / "nbgrader-course"
+    subprocess.run([sys.executable, "-m", "grader", "nbgrader", "init", str(course), "--exchange",
+                    str(workdir / "exchange")], check=True, cwd=REPO, capture_output=True)
+    nbgrader = [str(Path(sys.executable).parent / "nbgrader")]
+    subprocess.run([*nbgrader, "generate_assignment", assignment], check=True, cwd=course, capture_output=True)
+    for i in range(copies):
+        put(course / "submitted", f"student{i:03d}", chosen, reference_submission(chosen))
+    start, cpu = time.perf_counter(), busy_cpu()
+    subprocess.run([*nbgrader, "autograde", assignment], check=True, cwd=course, capture_output=True)
+    return time.perf_counter() - start, busy_cpu() - cpu
+
+
 def stages(out: Path) -> dict[str, float]:
     """Mean seconds per submission of each grading stage (from results.json)."""
     totals: dict[str, float] = defaultdict(float)
@@ -251,6 +267,7 @@ def grading_benchmark(args: argparse.Namespace) -> None:
         report_s = time.perf_counter() - start
         bare = autograde_class(args.assignment, args.copies, Path(tmp), args.jobs, "--unsandboxed")[0] \
             if args.compare_unsandboxed else None
+        plugged = None if args.skip_nbgrader else nbgrader_with_course_grading(args.assignment, args.copies, Path(tmp))
         stock = None if args.skip_nbgrader else stock_nbgrader(args.assignment, args.copies, Path(tmp))
     per_copy = floor(args.assignment, 5, args.jobs)
     record_s, match_s = mistake_matching(args.assignment, args.jobs)
@@ -262,10 +279,13 @@ def grading_benchmark(args: argparse.Namespace) -> None:
     print("  mean seconds per submission, by stage: " + ", ".join(f"{k} {v:.3f}" for k, v in spent.items()))
     print(f"  floor (the same steps in one warm kernel): {per_copy:.3f} s per copy -> "
           f"{per_copy * args.copies / args.jobs:.1f} s for {args.copies} copies on {args.jobs} workers")
-    if stock is not None:
+    if stock is not None and plugged is not None:
         print(f"  stock nbgrader autograde over the same {args.copies} copies (one after another, its default): "
               f"{stock[0]:6.1f} s, {stock[1]:.1f} s of CPU busy ({stock[0] / args.copies:.2f} s per copy; "
               f"ours is {stock[0] / seconds:.1f}× its throughput)")
+        print(f"  `nbgrader autograde` in a course directory of `grader nbgrader init` (the course's grader scoring): "
+              f"{plugged[0]:6.1f} s, {plugged[1]:.1f} s of CPU busy ({plugged[0] / args.copies:.2f} s per copy; "
+              f"{stock[0] / plugged[0]:.1f}× stock nbgrader's throughput)")
     print(f"  class report of the {args.copies} hand-ins (`python -m grader report`): {report_s:.2f} s (issue 15: ≤ 5 s)")
     print(f"  known mistakes (issue 15): recorded once per version of the course in {record_s:.1f} s "
           f"({100 * record_s / seconds:.0f} % of this class's time, on the first batch only; cached after), "

@@ -7,7 +7,7 @@ import nbformat
 import pytest
 from conftest import PYTHON, REPO
 
-from grader.author.check import leak_problems, metadata_problems, output_problems
+from grader.author.check import leak_problems, metadata_problems, nbgrader_problems, output_problems
 from grader.author.mutants import reference_answers
 from grader.author.release import generate
 from grader.course import assignment_named, assignments
@@ -52,6 +52,21 @@ def test_check_catches_solution_and_hidden_test_leaks(tmp_path):
     assert any(solution_line in p for p in problems), (solution_line, problems)
     assert any("BEGIN SOLUTION/HIDDEN TESTS marker" in p for p in problems)
     assert leak_problems() == []
+
+
+def test_check_runs_nbgrader_s_own_metadata_validation(tmp_path):
+    """A released cell nbgrader would refuse (here the set-up cell's grade id gone, as a hand-edited release might
+    have it) fails the check: on a hub every hand-in of that notebook would fail to grade."""
+    one = assignment_named("01_gradient_descent")
+    released = nbformat.read(one.release, as_version=4)
+    setup = next(c for c in released.cells if c.get("id") == "course-bootstrap")
+    del setup.metadata["nbgrader"]["grade_id"]
+    broken = tmp_path / one.name / one.notebook
+    broken.parent.mkdir()
+    nbformat.write(released, broken)
+    problems = nbgrader_problems(tmp_path)
+    assert len(problems) == 1 and "nbgrader rejects it: nbgrader cell does not have a grade_id" in problems[0], problems
+    assert nbgrader_problems() == []
 
 
 @pytest.mark.parametrize("breakage, message", [

@@ -125,8 +125,27 @@ def metadata_problems(sources: list[Path] | None = None) -> list[str]:
     return problems
 
 
+def nbgrader_problems(release_root: Path = NOTEBOOKS) -> list[str]:
+    """What nbgrader's own metadata validation (nbgrader validate, autograde, the formgrader, the exchange) rejects
+    in a released notebook: a cell it would refuse makes every hand-in of that notebook fail to grade there."""
+    from nbgrader.nbgraderformat import MetadataValidator, ValidationError
+
+    validator = MetadataValidator()
+    problems = []
+    for assignment in assignments():
+        released = release_root / assignment.name / assignment.notebook
+        if not released.exists():
+            continue
+        try:
+            validator.validate_nb(nbformat.read(released, as_version=4))
+        except ValidationError as err:
+            problems.append(f"{_shown(released)}: nbgrader rejects it: {str(err).splitlines()[0][:200]}")
+    return problems
+
+
 def check() -> list[str]:
     """Every problem `python -m grader check` reports; empty when the course is consistent."""
     from grader.author.mutants import mutant_problems  # mutants name grade ids; checked with the notebooks
 
-    return metadata_problems() + output_problems() + leak_problems() + stale_problems() + mutant_problems()
+    return (metadata_problems() + output_problems() + leak_problems() + nbgrader_problems() + stale_problems()
+            + mutant_problems())

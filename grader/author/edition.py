@@ -161,6 +161,12 @@ notebook*) and hand in that file. Its name does not matter: the notebook itself 
 From a terminal: `./course validate notebooks/01_gradient_descent/01_gradient_descent.ipynb` (exit code 1 unless
 every exercise passes). Hidden tests with more cases run when your instructor grades.
 
+**On a JupyterHub where your instructor uses nbgrader** you need none of the above: open *Nbgrader →
+Assignment List* in JupyterLab, press *Fetch* beside the notebook (it lands in a folder of its name in your
+home), work in it, run its check cell, save, then press *Submit* beside it — submit again as often as you like
+before the deadline; the last one counts. From a terminal there: `nbgrader fetch_assignment 01_gradient_descent`
+and `nbgrader submit 01_gradient_descent`. Graded feedback comes back through *Fetch Feedback* in the same list.
+
 Add whatever helps you — scratch cells, prints, plots, your own functions: only what your exercise functions
 return decides the grade.
 """

@@ -1,7 +1,7 @@
 """Issue 36 item 5: a cell below a test changes nothing for it — a module-level dict an answer reads included.
 
 Each test's place keeps the notebook's names with plain data (dicts, lists, sets, tuples of numbers, strings and
-such, up to harness.MAX_COPIED_ITEMS items) copied deep; other objects are shared, as README says.
+such, up to places.MAX_COPIED_ITEMS items) copied deep; other objects are shared, as README says.
 """
 
 import sys
@@ -14,7 +14,7 @@ from factories import own_cell
 from grader.author.mutants import reference_submission
 from grader.course import assignment_named
 from grader.judge.rebuild import ADDED, rebuild
-from grader.kernel import harness, probe
+from grader.kernel import harness, places, probe
 
 
 @pytest.fixture
@@ -43,7 +43,7 @@ def test_plain_data_is_copied_deep_and_aliases_stay_one_object(place):
 
 
 def test_plain_data_beyond_the_budget_is_shared(place):
-    big = list(range(harness.MAX_COPIED_ITEMS + 1))
+    big = list(range(places.MAX_COPIED_ITEMS + 1))
     small = [1, 2]
     kept = place({"big": big, "small": small})
     assert kept["big"] is big and kept["small"] == small and kept["small"] is not small

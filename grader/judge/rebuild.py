@@ -7,7 +7,7 @@ import unicodedata
 
 import nbformat
 
-from grader.kernel.harness import safe_text
+from grader.kernel.outputs import safe_text
 from grader.results import Note, NoteKind
 from labkit import cells
 
@@ -31,7 +31,7 @@ def normalised(source: object) -> str:
 
 def _own_source(source: str) -> str:
     """The student's own cell with LF line endings (what it means is unchanged: Python reads CRLF as LF) and only
-    characters a kernel can take and a page can show (harness.safe_text: half an emoji or a NUL in a comment)."""
+    characters a kernel can take and a page can show (outputs.safe_text: half an emoji or a NUL in a comment)."""
     return safe_text(source.replace("\r\n", "\n").replace("\r", "\n"))
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import ast
 import inspect
 import json
-import re
 import shutil
 import subprocess
 import textwrap
@@ -26,6 +25,8 @@ from queue import Empty
 from jupyter_client import KernelManager
 
 from grader.kernel import probe
+from grader.kernel.outputs import as_output
+from grader.kernel.places import MAX_COPIED_ITEMS, copy_plain
 from labkit import cells
 
 PROBE_SOURCE = Path(probe.__file__).read_text(encoding="utf-8")
@@ -315,7 +316,7 @@ class Kernel:
             payload = kind == "display_data" and isinstance(data, dict) and probe.MIME in data
             try:
                 size = len(json.dumps(content, default=str))
-                output = None if payload else _as_output(kind, content)
+                output = None if payload else as_output(kind, content)
             except RecursionError:  # nested deeper than the grader walks: dropped, as a malformed message is
                 continue
             if payload:
@@ -347,64 +348,6 @@ def _bound_sockets(context) -> None:
     context.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)
 
 
-_UNWRITABLE = re.compile("[\ud800-\udfff\x00]")
-_JSON_MIME = re.compile(r"application/(.*\+)?json")  # nbformat's mime types whose data is JSON, not text
-
-
-def safe_text(text: str) -> str:
-    """`text` with every lone UTF-16 surrogate (half an emoji, cut by an editor: JSON and Python hold it, UTF-8
-    cannot encode it) and every NUL (Python compiles no source that holds one) as U+FFFD, so that a cell runs and no
-    file, page or message written from it fails."""
-    return _UNWRITABLE.sub("\ufffd", text)
-
-
-def _text(value: object) -> str | None:
-    """nbformat's multiline string (a string, or a list of strings) as one safe string; None for anything else."""
-    if isinstance(value, list) and all(isinstance(part, str) for part in value):
-        value = "".join(value)
-    return safe_text(value) if isinstance(value, str) else None
-
-
-def _safe_json(value: object) -> object:
-    """JSON data of a display message with every string safe (safe_text)."""
-    if isinstance(value, str):
-        return safe_text(value)
-    if isinstance(value, list):
-        return [_safe_json(v) for v in value]
-    if isinstance(value, dict):
-        return {safe_text(str(k)): _safe_json(v) for k, v in value.items()}
-    return value
-
-
-def _as_output(kind: str, content: dict) -> dict | None:
-    """The nbformat output an IOPub message stands for, or None when it stands for none or is malformed (a
-    `display_data` whose data is a string, a `stream` whose text is a list of numbers: a student's cell can send
-    anything): such a message costs only its own output, never the grading."""
-    if kind == "stream":
-        name, text = content.get("name"), _text(content.get("text"))
-        return {"output_type": "stream", "name": name, "text": text} if name in ("stdout", "stderr") and text is not None \
-            else None
-    if kind == "error":
-        ename, evalue, traceback = content.get("ename"), content.get("evalue"), content.get("traceback", [])
-        if not (isinstance(ename, str) and isinstance(evalue, str) and isinstance(traceback, list)
-                and all(isinstance(line, str) for line in traceback)):
-            return None
-        return {"output_type": "error", "ename": safe_text(ename), "evalue": safe_text(evalue),
-                "traceback": [safe_text(line) for line in traceback]}
-    if kind not in ("display_data", "execute_result") or not isinstance(content.get("data"), dict):
-        return None
-    data: dict[str, object] = {}
-    for mime, value in content["data"].items():
-        shown = _safe_json(value) if isinstance(mime, str) and _JSON_MIME.fullmatch(mime) else _text(value)
-        if not isinstance(mime, str) or shown is None:
-            return None
-        data[safe_text(mime)] = shown
-    output: dict[str, object] = {"output_type": kind, "data": data, "metadata": {}}
-    if kind == "execute_result":
-        output["execution_count"] = None
-    return output
-
-
 # A copy of the kernel's names that a student's `dict = {}` or `globals = 1` cannot break.
 _COPY_NAMES = "__import__('builtins').dict(__import__('builtins').globals())"
 # probe.STATE, made when first needed
@@ -414,43 +357,6 @@ _STATE = f"__import__('sys').modules.setdefault({probe.STATE!r}, __import__('typ
 def snapshot_code() -> str:
     """The step after a set-up cell: remember the names set-up made (injected reference code is defined among them)."""
     return f"{_STATE}.setup_names = {_COPY_NAMES}\n"
-
-
-MAX_COPIED_ITEMS = 10_000  # per test's place: the items of plain data position_code copies (see copy_plain)
-
-
-def copy_plain(names: dict, budget: int = MAX_COPIED_ITEMS) -> dict:
-    """`names` with each dict, list, set or tuple that holds only plain data (numbers, strings, bytes, None and such
-    containers) copied, deep, while `budget` items last; everything else (tensors, models, functions, larger
-    containers) is the same object. Runs in the kernel (position_code sends its source): a scratch cell below a test
-    that changes such a dict in place then changes nothing for that test."""
-    import copy
-
-    plain = (str, bytes, int, float, complex, bool, type(None))
-    containers = (dict, list, set, tuple)
-
-    def items(value: object, left: int, depth: int) -> int:
-        """How many items `value` holds, all plain and at most `left`; -1 when not."""
-        if type(value) in plain:
-            return 0
-        if type(value) not in containers or depth > 8 or len(value) > left:  # type: ignore[arg-type]
-            return -1
-        inside = [*value.keys(), *value.values()] if type(value) is dict else list(value)  # type: ignore[call-overload]
-        total = len(inside)
-        for item in inside:
-            count = items(item, left - total, depth + 1)
-            if count < 0:
-                return -1
-            total += count
-        return total if total <= left else -1
-
-    memo: dict = {}  # shared: two names for one dict stay one dict
-    copied = dict(names)
-    for name, value in names.items():
-        if type(value) in containers and (count := items(value, budget, 0)) >= 0:
-            budget -= count
-            copied[name] = copy.deepcopy(value, memo)
-    return copied
 
 
 _COPY_PLAIN_SOURCE = textwrap.dedent(inspect.getsource(copy_plain))

@@ -437,7 +437,7 @@ def test_a_kill_note_names_the_course_limit_never_what_the_hand_in_held(capsys):
 
 
 @pytest.mark.integration  # its module's `records` fixture records the known mistakes in kernels when they are not
-def test_the_residual_channel_is_what_readme_states(records):  # cached (a fresh clone): set up before any test's guard
+def test_the_residual_channel_is_what_the_contract_page_states(records):  # cached (a fresh clone): set up before any test's guard
     reference, mistakes = records
     per_test = {test: outflow.residual_bits(len(r.observed), len(mistakes.get(test, {})),
                                             len(vocabulary(r, mistakes.get(test, {}).values())))
@@ -445,8 +445,8 @@ def test_the_residual_channel_is_what_readme_states(records):  # cached (a fresh
     per_hand_in = sum(per_test.values()) + outflow.TIMING_BITS
     print(f"\nresidual channel of {ONE}: " + ", ".join(f"{t} {b:.0f}" for t, b in per_test.items())
           + f" bits; {per_hand_in:.0f} bits ({per_hand_in / 8:.0f} bytes) per hand-in")
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    stated = re.search(r"at most (\d+) bits \(about (\d+) bytes\) per hand-in of notebook 01", readme)
-    assert stated, "README states the residual channel of notebook 01"
+    contract = (REPO / "docs/contract.md").read_text(encoding="utf-8")
+    stated = re.search(r"at most (\d+) bits \(about (\d+) bytes\) per hand-in of notebook 01", contract)
+    assert stated, "docs/contract.md states the residual channel of notebook 01"
     assert int(stated.group(1)) == round(per_hand_in) and int(stated.group(2)) == round(per_hand_in / 8)
     assert judge("t", 1, reference["mse_grad"], None, "x").message  # the bound counts failed verdicts: they exist

@@ -1,4 +1,4 @@
-"""Status notes are typed: every kind has its row in the report and its line in README, and survives JSON."""
+"""Status notes are typed: every kind has its row in the report and its line in the grading page, and survives JSON."""
 
 import re
 
@@ -10,12 +10,12 @@ from grader.report.report import ORDER, analyse
 from grader.results import Note, NoteKind, Result, Spec, csv_cell, status_text
 
 
-def test_every_kind_has_a_report_row_and_a_readme_line():
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
+def test_every_kind_has_a_report_row_and_a_line_in_the_grading_page():
+    page = (REPO / "docs/instructor/grading.md").read_text(encoding="utf-8")
     for kind in NoteKind:
         assert kind.value in ORDER
-        line = re.search(rf"^\| `{re.escape(kind.value)}`( [★○])? \|", readme, re.M)
-        assert line, f"README has no line for the status kind {kind.value!r}"
+        line = re.search(rf"^\| `{re.escape(kind.value)}`( [★○])? \|", page, re.M)
+        assert line, f"docs/instructor/grading.md has no line for the status kind {kind.value!r}"
         marks = line.group(1) or ""
         assert ("★" in marks) == kind.look_at and ("○" in marks) == (not kind.graded), kind
 

@@ -1,6 +1,7 @@
-"""README's Slurm recipe on a real scheduler (issue 22 item 6): a one-node Slurm (Debian's slurm-wlm 22.05: slurmctld and
-slurmd on localhost, munge for authentication) runs the job array and the merge exactly as README writes them (two
-shards instead of eight, one CPU each, folders under a temporary /shared), and the merge equals one run byte for byte.
+"""The Slurm recipe of docs/instructor/clusters.md on a real scheduler (issue 22 item 6): a one-node Slurm (Debian's
+slurm-wlm 22.05: slurmctld and slurmd on localhost, munge for authentication) runs the job array and the merge exactly
+as the page writes them (two shards instead of eight, one CPU each, folders under a temporary /shared), and the merge
+equals one run byte for byte.
 
 Skips, saying why, where Slurm is not installed and cannot be (not root, no apt-get); under CI=true it fails instead.
 The daemons run from a private folder (their own config, ports, state, munge key and socket) and are stopped after.
@@ -64,7 +65,7 @@ def memory_mb() -> int:
 
 
 class OneNodeSlurm:
-    """slurmctld + slurmd on localhost with munge, from a private folder: the recipe the README tells."""
+    """slurmctld + slurmd on localhost with munge, from a private folder: the recipe the page tells."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
@@ -146,9 +147,9 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                 process.wait()
 
 
-def readme_recipe(shared: Path) -> tuple[str, str]:
-    """README's job script and submit commands, on `shared`, with two shards of one CPU each."""
-    text = (REPO / "README.md").read_text()
+def page_recipe(shared: Path) -> tuple[str, str]:
+    """The page's job script and submit commands, on `shared`, with two shards of one CPU each."""
+    text = (REPO / "docs/instructor/clusters.md").read_text()
     section = text[text.index("A Slurm job array"):]
     script, commands = re.findall(r"```bash\n(.*?)```", section, re.S)[:2]
     assert "#SBATCH --array=1-8" in script and "--cpus-per-task=2" in script and "sbatch --parsable grade.sh" in commands
@@ -171,12 +172,12 @@ def a_class(root: Path) -> None:
 
 
 @pytest.mark.slow
-def test_readme_job_array_and_merge_on_a_one_node_slurm_equal_one_run(tmp_path):
+def test_the_pages_job_array_and_merge_on_a_one_node_slurm_equal_one_run(tmp_path):
     require_slurm()
     shared = tmp_path / "shared"
     a_class(shared / "submissions")
     (shared / "grading.toml").write_text(f'feedback = "at-once"\n[due]\n{ONE} = "2030-01-15 23:59"\n')
-    script, commands = readme_recipe(shared)
+    script, commands = page_recipe(shared)
     (REPO / "build").mkdir(exist_ok=True)
     job_script = Path(REPO / "build" / f"grade-{os.getpid()}.sh")  # sbatch reads it from the submit folder
     job_script.write_text(script)

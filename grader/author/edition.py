@@ -35,7 +35,8 @@ from grader.paths import KERNEL_PACKAGES, NOTEBOOKS, PYPROJECT, REPO
 
 # The instructor's tools among the pins: tests, lint, types, the browser driver, nbgrader (and the notebook
 # server it needs for its menu). A student's environment is the rest.
-INSTRUCTOR_ONLY = {"nbgrader", "notebook", "pytest", "pytest-xdist", "hypothesis", "playwright", "ruff", "mypy"}
+INSTRUCTOR_ONLY = {"nbgrader", "notebook", "pytest", "pytest-xdist", "hypothesis", "playwright", "ruff", "mypy",
+                   "sphinx", "myst-parser", "furo"}
 INSTRUCTOR_BLOCK = re.compile(r"^[ \t]*# >>> instructor.*?^[ \t]*# <<< instructor[^\n]*\n", re.M | re.S)
 # What may never be in the edition, by name.
 SECRET_PATHS = ("solutions", "grader", "tests", "build", "benchmarks", "scripts", ".ci", "mutants", "variants",
@@ -85,9 +86,14 @@ def course_script() -> str:
     return INSTRUCTOR_BLOCK.sub("", (REPO / "course").read_text())
 
 
+def course_project() -> dict:
+    """pyproject.toml's [project] table."""
+    return tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]
+
+
 def pyproject(s: CourseSettings) -> str:
     """The edition's pyproject: the course's metadata and ranges; helpers, labkit, and the notebooks inside labkit."""
-    project = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]
+    project = course_project()
     deps = ",\n".join(f"    {json.dumps(d)}" for d in project["dependencies"])
     return f"""\
 [build-system]
@@ -145,7 +151,7 @@ top first: it installs this course's `helpers` with pip and changes no package t
 numpy, matplotlib, ipywidgets …). On Kaggle, turn on *Settings → Internet* first. The course runs on
 `torch{s.torch_range}`; the set-up cell says so when the kernel's torch is outside that.
 
-**On your computer** (Python 3.10 or newer):
+**On your computer** (Python {course_project()['requires-python'].removeprefix('>=')} or newer):
 
 ```bash
 {clone}

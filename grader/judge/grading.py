@@ -90,7 +90,7 @@ def plan(nb: nbformat.NotebookNode, assignment: Assignment, *, reference: bool =
     after that exercise's test).
 
     Nothing the student wrote runs after the first scenario starts, except what the scenarios call: the outflow
-    rule (shared/COURSE.md) needs no cell's outcome to be dropped, and a cell below a test still cannot change
+    rule (docs/contract.md) needs no cell's outcome to be dropped, and a cell below a test still cannot change
     what that test sees.
     """
     tests = {s.test: s for s in scenarios(assignment)}

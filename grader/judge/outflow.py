@@ -1,6 +1,6 @@
 """What a verdict may repeat of what the student's kernel sent, and how many bits that lets out.
 
-The outflow rule (shared/COURSE.md): once the first hidden scenario starts in a kernel, nothing the kernel
+The outflow rule (docs/contract.md): once the first hidden scenario starts in a kernel, nothing the kernel
 produces reaches a page, a file or a column except the trusted verdict — points, and messages composed here
 from the reference run's words plus numbers (bounded digits) and shapes. Everything a message says about a
 student's value goes through `shown`: a number to at most 6 significant digits, a tensor by its shape (at

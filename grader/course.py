@@ -36,6 +36,10 @@ class Assignment:
         """grade_id → points of every graded test cell, in notebook order."""
         return cells.points(nbformat.read(self.source, as_version=4).cells)
 
+    def written_cells(self) -> dict[str, float]:
+        """grade_id → points of every written answer (graded by hand, apart from the tests), in notebook order."""
+        return cells.points(nbformat.read(self.source, as_version=4).cells, of=cells.WRITTEN)
+
 
 def assignments() -> list[Assignment]:
     """Every assignment in solutions/, sorted by name (NN_ prefixes give the course order)."""

@@ -32,6 +32,7 @@ class NoteKind(Enum):
     TIME_IGNORED = "time ignored"  # the upload carried its own hand-in time (timestamp.txt); the LMS's was used
     ANSWER_COPIED = "answer copied"  # an answer cell appears more than once: its last copy was graded
     METADATA_RESTORED = "metadata restored"  # cells lost their nbgrader metadata; matched to the release by cell id
+    BY_HAND = "waiting for a hand grade"  # a written answer nobody has graded yet ([[override]] in grading.toml)
 
     @property
     def graded(self) -> bool:
@@ -122,11 +123,17 @@ class Result:
     # exercise -> {"graded": the autograder's points, "points": the instructor's, "reason": why} (deadlines.settle)
     overrides: dict[str, dict] = field(default_factory=dict)
     answers: dict[str, str] = field(default_factory=dict)  # answer cell -> the student's source (similarity report)
+    # written answers, graded by hand and kept apart from the autograded tests: id -> points (None: not graded yet;
+    # 0 when not answered), and each one's maximum
+    by_hand: dict[str, float | None] = field(default_factory=dict)
+    by_hand_max: dict[str, float] = field(default_factory=dict)
 
     @property
     def total(self) -> float:
-        """The points that count: the exercises' points less the late penalty (grades.csv's `total`)."""
-        return round(sum(self.scores.values()) - self.penalty, 6)
+        """The points that count: the exercises' points, plus what was given by hand for written answers, less
+        the late penalty (grades.csv's `total`; `max_total` counts the autograded tests only)."""
+        given = sum(v for v in self.by_hand.values() if v is not None)
+        return round(sum(self.scores.values()) + given - self.penalty, 6)
 
     def to_dict(self) -> dict:
         raw = asdict(self)
@@ -172,7 +179,8 @@ def points(value: float) -> str:
 def write_csv(results: list[Result], exercises: list[str], path: Path) -> None:
     """grades.csv: student, assignment, points per exercise, total, max_total, late_by, penalty, status.
 
-    `total` is the points after the late penalty (the exercises' points minus `penalty`); `late_by` is
+    A written answer's column is empty until it is graded by hand. `total` is the points after the late penalty
+    (the exercises' points, plus what written answers were given, minus `penalty`); `late_by` is
     the hours after the due date in effect (0 when on time, empty when no due date applies or the
     hand-in time is unknown); see grader/collect/deadlines.py.
     """
@@ -181,7 +189,8 @@ def write_csv(results: list[Result], exercises: list[str], path: Path) -> None:
         writer.writerow(["student", "assignment", *exercises, "total", "max_total", "late_by", "penalty", "status"])
         for r in sorted(results, key=lambda r: (r.student, r.assignment)):
             row = [csv_cell(r.student), csv_cell(r.assignment)]
-            row += [points(r.scores[e]) if e in r.scores else "" for e in exercises]
+            given = {e: v for e, v in r.by_hand.items() if v is not None}
+            row += [points(r.scores[e]) if e in r.scores else points(given[e]) if e in given else "" for e in exercises]
             late_by = r.lateness.get("late_by")
             row += [points(r.total), points(sum(r.max_scores.values())),
                     "" if late_by is None else points(late_by), points(r.penalty), csv_cell(status_text(r.status))]

@@ -1,5 +1,5 @@
 """The kinds of cell in a course notebook, named once — answer, test, set-up, demo, claim, bootstrap,
-the student's own.
+the student's own, prose, and the written answer graded by hand.
 
 A code cell's kind comes from its nbgrader metadata and its tags:
 
@@ -13,6 +13,8 @@ A code cell's kind comes from its nbgrader metadata and its tags:
 | bootstrap | read-only                         | `bootstrap` | no |
 | added     | none (a cell the student added)   |             | yes |
 
+A markdown cell is prose, or a **written** answer: nbgrader's manually graded answer (`grade: true`, `solution:
+true`, `points`), which no grader runs and a person grades; its points are apart from the autograded tests'.
 `validate` (here) and the grader (grader/judge/grading.py) skip the same kinds.
 """
 
@@ -23,8 +25,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-ANSWER, TEST, SETUP, DEMO, CLAIM, BOOTSTRAP, ADDED, PROSE = (
-    "answer", "test", "setup", "demo", "claim", "bootstrap", "added", "prose")
+ANSWER, TEST, SETUP, DEMO, CLAIM, BOOTSTRAP, ADDED, PROSE, WRITTEN = (
+    "answer", "test", "setup", "demo", "claim", "bootstrap", "added", "prose", "written")
 SKIPPED = frozenset({DEMO, CLAIM, BOOTSTRAP})  # read-only kinds that carry no points and run nowhere but in Jupyter
 
 
@@ -40,10 +42,10 @@ def grade_id(cell: Mapping[str, Any]) -> str:
 
 
 def kind(cell: Mapping[str, Any]) -> str:
-    """One of ANSWER, TEST, SETUP, DEMO, CLAIM, BOOTSTRAP, ADDED (code cells) or PROSE (notebook 00)."""
-    if cell.get("cell_type") != "code":
-        return PROSE
+    """One of ANSWER, TEST, SETUP, DEMO, CLAIM, BOOTSTRAP, ADDED (code cells), PROSE or WRITTEN (notebook 00)."""
     info = nbgrader(cell)
+    if cell.get("cell_type") != "code":
+        return WRITTEN if info.get("grade") and info.get("solution") else PROSE
     if not info:
         return ADDED
     if info.get("grade"):
@@ -54,9 +56,18 @@ def kind(cell: Mapping[str, Any]) -> str:
     return next((tag for tag in (DEMO, CLAIM, BOOTSTRAP) if tag in tags), SETUP)
 
 
-def points(cells: list[Mapping[str, Any]]) -> dict[str, float]:
-    """grade id → points of every test cell, in notebook order (notebook 00)."""
-    return {grade_id(c): float(nbgrader(c)["points"]) for c in cells if kind(c) == TEST}
+def points(cells: list[Mapping[str, Any]], of: str = TEST) -> dict[str, float]:
+    """grade id → points of every test cell (or, with `of=WRITTEN`, written answer), in notebook order (notebook 00)."""
+    return {grade_id(c): float(nbgrader(c)["points"]) for c in cells if kind(c) == of}
+
+
+def is_answered(cell: Mapping[str, Any], released: Mapping[str, Any]) -> bool:
+    """Whether an answer or written-answer cell says something other than its released stub (notebook 00)."""
+    def text(c: Mapping[str, Any]) -> str:
+        source = c.get("source") or ""
+        return ("".join(source) if isinstance(source, list) else str(source)).strip()
+
+    return bool(text(cell)) and text(cell) != text(released)
 
 
 # The largest cell whose names are read (a syntax tree takes hundreds of bytes per character: the grader parses

@@ -114,7 +114,24 @@ def report(path: str | Path, *, unanswered_ok: bool = False, cwd: str | Path | N
     else:
         verdict = "all visible tests pass" if not failed else "some visible tests fail"
     print(f"{Path(path).name}: {verdict}")
+    try:
+        written(nbformat.read(path, as_version=4))
+    except (OSError, ValueError):  # the notebook went away (or was never a file) after it ran: nothing to add
+        pass
     return not failed
+
+
+def written(nb: nbformat.NotebookNode) -> None:
+    """Print each written answer of `nb`: graded by hand, so no check can say more than whether it is written."""
+    release = released_notebook(assignment_of(nb) or "")
+    stubs = {cells.grade_id(c): c for c in nbformat.read(release, as_version=4).cells} if release else {}
+    for cell in nb.cells:
+        if cells.kind(cell) != cells.WRITTEN:
+            continue
+        grade_id = cells.grade_id(cell)
+        answered = cells.is_answered(cell, stubs.get(grade_id, {"source": "YOUR ANSWER HERE"}))
+        print(f"{'✎' if answered else '–'} {grade_id}: graded by hand — "
+              + ("written; your instructor grades it" if answered else f"{NOT_ANSWERED} (the cell still says YOUR ANSWER HERE)"))
 
 
 # --- the notebook that is open ----------------------------------------------------------------------------

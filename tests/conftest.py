@@ -116,14 +116,17 @@ def autograde(submissions, out, *extra, check=True):
 def read_rows(out):
     """A graded class as (student, assignment) → (points, status, message and known mistake per failed exercise).
 
-    Points and status come from grades.csv (what the instructor gets); the rest from results.json.
+    Points (of the autograded tests; written answers are graded by hand) and status come from grades.csv (what the
+    instructor gets); the rest from results.json.
     """
     with open(out / "grades.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     details = {(r["student"], r["assignment"]): r for r in json.loads((out / "results.json").read_text())}
     fixed = {"student", "assignment", "total", "max_total", "late_by", "penalty", "status"}
+    written = {k for r in details.values() for k in r.get("by_hand_max", {})}
     return {
-        (r["student"], r["assignment"]): ({k: float(v) for k, v in r.items() if k not in fixed and v != ""}, r["status"],
+        (r["student"], r["assignment"]): ({k: float(v) for k, v in r.items() if k not in fixed | written and v != ""},
+                                          r["status"],
                                           details.get((r["student"], r["assignment"]), {}).get("messages", {}),
                                           details.get((r["student"], r["assignment"]), {}).get("mistakes", {}))
         for r in rows

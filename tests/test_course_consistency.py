@@ -75,6 +75,8 @@ def test_check_runs_nbgrader_s_own_metadata_validation(tmp_path):
     ("unlocked_test", "test cell is not locked"),
     ("bare_code", "code cell without nbgrader metadata"),
     ("no_marker", "answer cell without ### BEGIN SOLUTION"),
+    ("written_no_points", "written answer without positive points"),
+    ("written_no_model", "written answer without a model answer"),
 ])
 def test_check_catches_bad_metadata(tmp_path, breakage, message):
     nb = copy.deepcopy(nbformat.read(assignment_named("01_gradient_descent").source, as_version=4))
@@ -90,6 +92,12 @@ def test_check_catches_bad_metadata(tmp_path, breakage, message):
         del nb.cells[1].metadata["nbgrader"]
     elif breakage == "no_marker":
         answer.source = "def mse_grad(w, X, y):\n    return w"
+    elif breakage.startswith("written"):
+        written = next(c for c in nb.cells if c.cell_type == "markdown" and c.metadata.get("nbgrader", {}).get("grade"))
+        if breakage == "written_no_points":
+            written.metadata.nbgrader["points"] = 0
+        else:
+            written.source = "A good answer names the curvature."  # a model answer the leak check cannot see
     path = tmp_path / "broken.ipynb"
     nbformat.write(nb, path)
     problems = metadata_problems([path])

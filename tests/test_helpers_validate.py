@@ -60,6 +60,22 @@ def test_report_marks(monkeypatch, capsys):
     assert "✗ wrong: AssertionError" in capsys.readouterr().out
 
 
+def test_report_lists_written_answers_as_graded_by_hand(monkeypatch, capsys, tmp_path):
+    """A written answer is no exercise the check can pass or fail: it is listed as graded by hand, written or not."""
+    monkeypatch.setattr(validate, "validate_notebook", lambda path, **_: {"mse_grad": ""})
+    nb = _released("01_gradient_descent")
+    written = [c for c in nb.cells if validate.cells.kind(c) == validate.cells.WRITTEN]
+    assert len(written) == 1
+    nbformat.write(nb, tmp_path / "blank.ipynb")
+    written[0].source = "The step is too large for the curvature here."
+    nbformat.write(nb, tmp_path / "written.ipynb")
+    grade_id = validate.cells.grade_id(written[0])
+    assert validate.report(tmp_path / "blank.ipynb") is True
+    assert f"– {grade_id}: graded by hand — not answered yet" in capsys.readouterr().out
+    assert validate.report(tmp_path / "written.ipynb") is True
+    assert f"✎ {grade_id}: graded by hand — written; your instructor grades it" in capsys.readouterr().out
+
+
 def _released(name):
     from grader.course import assignment_named
 

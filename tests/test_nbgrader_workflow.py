@@ -38,10 +38,18 @@ STUDENTS = {"tml-ada": f"Copy of {ASSIGNMENT.notebook}", "tml-bo": ASSIGNMENT.no
 MUTANT = next(m for m in load_mutants(ASSIGNMENT) if m.exercise == "mse_grad")
 
 
+WRITTEN = next(iter(ASSIGNMENT.written_cells()))  # 01's written answer: nbgrader leaves it to the formgrader
+
+
 def hand_in(student: str) -> nbformat.NotebookNode:
-    """ada: every reference answer; bo: the reference with one known mistake; cy: the release untouched."""
-    return {"tml-ada": lambda: reference_submission(ASSIGNMENT),
-            "tml-bo": lambda: mutant_submission(ASSIGNMENT, [MUTANT]),
+    """ada: every reference answer and the written answer; bo: the reference with one known mistake; cy: the
+    release untouched."""
+    if student == "tml-ada":
+        nb = reference_submission(ASSIGNMENT)
+        next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == WRITTEN).source = (
+            "One step overshoots when it is large for the curvature; 0.1 is no constant of training.")
+        return nb
+    return {"tml-bo": lambda: mutant_submission(ASSIGNMENT, [MUTANT]),
             "tml-cy": lambda: blank_submission(ASSIGNMENT)}[student]()
 
 
@@ -153,6 +161,17 @@ def test_the_gradebook_holds_the_course_graders_points(hub, tmp_path):
     print(f"\nnbgrader autograde with the course's grading: {hub.autograde_s:.1f} s for {len(STUDENTS)} hand-ins")
 
 
+def test_written_answers_are_left_to_the_formgrader(hub):
+    """A written answer gets no autograded score: nbgrader asks for a hand grade where one was written, and gives 0
+    where the cell still says YOUR ANSWER HERE."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{hub.course / 'gradebook.db'}") as gb:
+        grades = {s: gb.find_grade(WRITTEN, ASSIGNMENT.name, ASSIGNMENT.name, s) for s in STUDENTS}
+        seen = {s: (g.auto_score, g.needs_manual_grade) for s, g in grades.items()}
+    assert seen == {"tml-ada": (None, True), "tml-bo": (0, False), "tml-cy": (0, False)}
+
+
 def test_autograded_notebooks_hold_no_hidden_test_and_only_verdicts(hub):
     hidden, _ = _secrets()
     for name in STUDENTS:
@@ -201,6 +220,10 @@ def _formgrader_pages(hub: Hub, manual_score: float) -> dict[str, str]:
             for name, submission in submission_ids.items():
                 page.goto(f"{server.url}/formgrader/submissions/{submission}/")
                 page.wait_for_selector("input.score#mse_grad", timeout=60_000)
+                if name == "tml-ada":  # the written answer, graded by hand
+                    page.fill(f"input.score#{WRITTEN}", "2")
+                    page.press(f"input.score#{WRITTEN}", "Tab")
+                    _wait_for_manual_score(hub, "tml-ada", WRITTEN, 2.0)
                 if name == "tml-bo":
                     page.fill("input.score#mse_grad", str(manual_score))
                     page.fill("textarea#mse_grad_answer-comment", "the factor 2 is missing; see me")
@@ -243,7 +266,7 @@ def test_formgrader_shows_submissions_and_a_manual_score_reaches_export(hub):
     assert not answers & shown_lines(pages["tml-cy"])  # a blank hand-in's page shows no reference answer
     assert "✗ 0 of 3 point(s), from the course's grader" in pages["tml-bo"]
     after = _exported(hub)
-    assert after == {**before, "tml-bo": before["tml-bo"] + 1.5}
+    assert after == {**before, "tml-ada": before["tml-ada"] + 2, "tml-bo": before["tml-bo"] + 1.5}
     # a second autograde of unchanged hand-ins keeps the instructor's score
     hub.instructor("autograde", ASSIGNMENT.name, "--force")
     assert _exported(hub) == after

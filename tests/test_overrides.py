@@ -2,6 +2,7 @@
 points after grading, on every run; a student may be named by key, LMS id or folder name; a wrong name stops autograde."""
 
 import copy
+import csv
 import html
 import json
 import re
@@ -18,7 +19,8 @@ from grader.collect.deadlines import ConfigError, check_students, lateness, pars
 from grader.results import NoteKind, Result
 from labkit import cells
 
-EXERCISES = {ONE: A.grade_cells()}
+EXERCISES = {ONE: {**A.grade_cells(), **A.written_cells()}}
+WRITTEN = next(iter(A.written_cells()))  # 01's written answer, graded by hand
 OVERRIDE = f"""
 [[override]]
 student = "{{student}}"
@@ -89,6 +91,24 @@ def test_settle_applies_overrides_then_the_late_penalty_and_settling_again_chang
     assert row.scores["mse_grad"] == 0.0 and row.overrides == {} and row.status == [] and row.penalty == 0.2
 
 
+def test_a_written_answer_waits_for_a_hand_grade_apart_from_the_autograded_points():
+    """Graded by nobody, a written answer leaves total and max_total as the tests make them and says it waits; an
+    override gives it points on top; taken out, it waits again. Not answered, it is 0 and waits for nothing."""
+    row = Result("dee", ONE, {"mse_grad": 3.0}, {"mse_grad": 3.0}, by_hand={WRITTEN: None}, by_hand_max={WRITTEN: 2.0})
+    settle(row, {}, [])
+    assert row.total == 3.0 and [n.kind for n in row.status] == [NoteKind.BY_HAND] and WRITTEN in row.status[0].text
+    given = check_students(config(OVERRIDE.format(student="dee").replace('"mse_grad"', f'"{WRITTEN}"')
+                                  .replace("points = 3", "points = 1.5")), {"dee"}, EXERCISES).overrides
+    settle(row, {}, given)
+    assert row.by_hand == {WRITTEN: 1.5} and row.total == 4.5 and row.scores == {"mse_grad": 3.0} and row.status == []
+    settle(row, {}, [])
+    assert row.by_hand == {WRITTEN: None} and row.total == 3.0 and [n.kind for n in row.status] == [NoteKind.BY_HAND]
+    blank = Result("ann", ONE, {"mse_grad": 3.0}, {"mse_grad": 3.0}, by_hand={WRITTEN: 0.0}, by_hand_max={WRITTEN: 2.0})
+    assert settle(blank, {}, []).status == [] and blank.total == 3.0
+    with pytest.raises(ConfigError, match="is worth 2 at most"):
+        check_students(config(OVERRIDE.format(student="dee").replace('"mse_grad"', f'"{WRITTEN}"')), {"dee"}, EXERCISES)
+
+
 # --- slow: two autograde runs, an override kept across them, a planted copy found --------------------------------
 
 def answered(answers):
@@ -102,10 +122,13 @@ def answered(answers):
 @pytest.mark.slow
 def test_an_override_survives_a_second_run_and_the_report_finds_the_planted_copy(tmp_path):
     factor2 = next(m for m in load_mutants(A) if m.name == "mse_grad_missing_factor_2")
-    put(tmp_path / "class", "dee_1004", A, mutant_submission(A, [factor2]))
+    dee = mutant_submission(A, [factor2])
+    next(c for c in dee.cells if cells.grade_id(c) == WRITTEN).source = "It depends on the curvature, not on 0.1."
+    put(tmp_path / "class", "dee_1004", A, dee)
     put(tmp_path / "class", "planted-p_1005", A, answered(ORIGINAL))
     put(tmp_path / "class", "planted-q_1006", A, answered(COPY))
-    (tmp_path / "grading.toml").write_text(OVERRIDE.format(student="dee"))
+    hand_graded = OVERRIDE.format(student="dee").replace('"mse_grad"', f'"{WRITTEN}"').replace("points = 3", "points = 2")
+    (tmp_path / "grading.toml").write_text(OVERRIDE.format(student="dee") + hand_graded)
     out = tmp_path / "graded"
     for run in (1, 2):  # the second run grades nothing again, and keeps the override
         done = autograde(tmp_path / "class", out, "--timeout", "10", "--config", str(tmp_path / "grading.toml"))
@@ -116,18 +139,25 @@ def test_an_override_survives_a_second_run_and_the_report_finds_the_planted_copy
         assert dee["messages"]["mse_grad"], "the autograder's own verdict is kept beside the override"
         assert "regraded by hand: mse_grad 0 → 3 of 3 (derivation explained in office hours)" in (out / "grades.csv").read_text()
         assert all(r["scores"] == {k: v for k, v in A.grade_cells().items()} for s, r in rows.items() if s != "dee_1004"), run
+        with open(out / "grades.csv", newline="") as f:
+            csv_rows = {r["student"]: r for r in csv.DictReader(f)}
+        dee_row = csv_rows["dee_1004"]
+        assert (dee_row[WRITTEN], dee_row["total"], dee_row["max_total"]) == ("2", "12", "10"), run
+        assert csv_rows["planted-p_1005"][WRITTEN] == "0" and csv_rows["planted-p_1005"]["status"] == "ok", run
     page = html.unescape(re.sub(r"<[^>]+>", "", (out / "feedback" / "dee_1004" / ONE / f"{ONE}.html").read_text()))
-    assert "Regraded by hand: mse_grad: 0 → 3 points — derivation explained in office hours." in page
+    assert ("Regraded by hand: mse_grad: 0 → 3 points — derivation explained in office hours; "
+            f"{WRITTEN}: 2 points for the written answer — derivation explained in office hours.") in page
     assert "10 / 10" in page
     report = json.loads((out / "report" / "report.json").read_text())
     assert report["status"]["regraded by hand"]["students"] == [
         f"dee_1004/{ONE}: regraded by hand: mse_grad 0 → 3 of 3 (derivation explained in office hours)"]
     assert [p["students"] for p in report["similarity"]["assignments"][ONE]["pairs"]] == [["planted-p_1005", "planted-q_1006"]]
-    # Taken out of grading.toml: the autograder's points come back.
+    # Taken out of grading.toml: the autograder's points come back, and the written answer waits again.
     (tmp_path / "grading.toml").write_text("")
     autograde(tmp_path / "class", out, "--timeout", "10", "--config", str(tmp_path / "grading.toml"))
     dee = next(r for r in json.loads((out / "results.json").read_text()) if r["student"] == "dee_1004")
-    assert dee["scores"]["mse_grad"] == 0.0 and dee["overrides"] == {}
+    assert dee["scores"]["mse_grad"] == 0.0 and dee["overrides"] == {} and dee["by_hand"] == {WRITTEN: None}
+    assert f"written answer waiting for a hand grade: {WRITTEN}" in (out / "grades.csv").read_text()
 
 
 @pytest.mark.slow

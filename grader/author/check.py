@@ -100,6 +100,14 @@ def metadata_problems(sources: list[Path] | None = None) -> list[str]:
         for index, cell in enumerate(nb.cells):
             info = cells.nbgrader(cell)
             where = f"{name} cell {index}"
+            if cells.kind(cell) == cells.WRITTEN:
+                points = info.get("points")
+                if not isinstance(points, (int, float)) or points <= 0:
+                    problems.append(f"{where} ({info.get('grade_id', '?')}): written answer without positive points")
+                if not SOLUTION_BLOCK.search(cell.source + "\n"):
+                    problems.append(f"{where} ({info.get('grade_id', '?')}): written answer without a model answer "
+                                    "between ### BEGIN SOLUTION and ### END SOLUTION")
+                continue
             if cell.cell_type != "code":
                 continue
             if not info:

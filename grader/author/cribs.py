@@ -91,7 +91,7 @@ def _visible(assignment: Assignment) -> dict[str, tuple[str, ast.FunctionDef | a
     """name → (origin, definition, its source) for every def/class in a non-answer cell of the released notebook."""
     found = {}
     for cell in nbformat.read(assignment.release, as_version=4).cells:
-        if cells.kind(cell) in (cells.PROSE, cells.ANSWER):
+        if cells.kind(cell) in (cells.PROSE, cells.WRITTEN, cells.ANSWER):
             continue
         for name, node in _definitions(cell.source).items():
             found[name] = (f"cell {cells.grade_id(cell) or '?'} of the released notebook", node,

@@ -296,7 +296,7 @@ def _collected(root: Path, run: _Run, only: str | None, shard: tuple[int, int] |
     subs = collect(root, list(run.known.values()), only)
     # a typo in an extension or override stops here, before any grading
     run.config = check_students(run.config, {s.student for s in subs},
-                                {name: a.grade_cells() for name, a in run.known.items()})
+                                {name: {**a.grade_cells(), **a.written_cells()} for name, a in run.known.items()})
     for line in run.config.matched if progress else ():
         print(line)
     if shard is None:

@@ -203,6 +203,7 @@ def grade(spec: Spec) -> Result:
     rebuilt, tamper_notes = rebuild(submitted, released)
     result.status += tamper_notes
     result.answered = _answered(rebuilt, released)
+    result.by_hand_max, result.by_hand = _written(rebuilt, released)
     result.answers = {gid: c.source for c in rebuilt.cells if (gid := cells.grade_id(c)) in result.answered}
 
     problem = _canary(assignment, spec, released)
@@ -236,6 +237,16 @@ def _answered(rebuilt: nbformat.NotebookNode, released: nbformat.NotebookNode) -
     """Answer cells whose source differs from the released stub (what tells a blank hand-in from a tried one)."""
     stubs = {cells.grade_id(c): c.source.strip() for c in released.cells if cells.kind(c) == cells.ANSWER}
     return [gid for c in rebuilt.cells if (gid := cells.grade_id(c)) in stubs and c.source.strip() != stubs[gid]]
+
+
+def _written(rebuilt: nbformat.NotebookNode, released: nbformat.NotebookNode
+             ) -> tuple[dict[str, float], dict[str, float | None]]:
+    """The written answers' maxima, and their points so far: 0 when not answered, else None (a person grades it)."""
+    stubs = {cells.grade_id(c): c for c in released.cells if cells.kind(c) == cells.WRITTEN}
+    given = {gid: None if cells.is_answered(c, stubs[gid]) else 0.0
+             for c in rebuilt.cells if (gid := cells.grade_id(c)) in stubs}
+    maxima = {gid: float(cells.nbgrader(c)["points"]) for gid, c in stubs.items()}
+    return maxima, {gid: given.get(gid, 0.0) for gid in stubs}
 
 
 def grade_to_file(spec_path: Path) -> None:

@@ -302,8 +302,9 @@ def check_students(config: Config, students: set[str], exercises: dict[str, dict
     """`config` with every student named by their key, once it is shown to fit the class; else ConfigError.
 
     Each extension and override must name exactly one student (by key, LMS id or folder name: `_student_key`);
-    with `exercises` (assignment → test cell → its points), an override must name one of the assignment's
-    exercises and give it between 0 and its points. `matched` says which names were matched other than by key.
+    with `exercises` (assignment → test cell or written answer → its points), an override must name one of the
+    assignment's exercises or written answers and give it between 0 and its points. `matched` says which names
+    were matched other than by key.
     """
     matched: list[str] = []
 
@@ -407,11 +408,19 @@ def settle(result: Result, late: Lateness | dict, overrides: Sequence[Override |
     """Decide a graded row's final points, in place: the overrides replace the autograder's points, then the
     late policy takes its share (`penalty`). The one place this is done; settling a row again gives the same row."""
     for exercise, was in result.overrides.items():  # back to the autograder's points first
-        result.scores[exercise] = was["graded"]
+        if exercise in result.by_hand_max:
+            result.by_hand[exercise] = was["graded"]
+        else:
+            result.scores[exercise] = was["graded"]
     result.overrides = {}
-    result.status = [note for note in result.status if note.kind is not NoteKind.REGRADED]
+    result.status = [note for note in result.status if note.kind not in (NoteKind.REGRADED, NoteKind.BY_HAND)]
     for entry in overrides:
         o = entry if isinstance(entry, Override) else Override(**entry)
+        if o.exercise in result.by_hand_max:  # a written answer: graded by hand, apart from the tests
+            result.overrides[o.exercise] = {"graded": result.by_hand.get(o.exercise), "points": o.points,
+                                            "reason": o.reason}
+            result.by_hand[o.exercise] = o.points
+            continue
         if o.exercise not in result.max_scores:  # a row nothing was graded for (an unknown assignment)
             continue
         graded = result.scores.get(o.exercise, 0.0)
@@ -420,6 +429,10 @@ def settle(result: Result, late: Lateness | dict, overrides: Sequence[Override |
         result.status.append(Note(NoteKind.REGRADED, f"regraded by hand: {o.exercise} {points(graded)} → "
                                                      f"{points(o.points)} of {points(result.max_scores[o.exercise])} "
                                                      f"({o.reason})"))
+    waiting = [written for written, given in result.by_hand.items() if given is None]
+    if waiting:
+        result.status.append(Note(NoteKind.BY_HAND, f"written answer waiting for a hand grade: {', '.join(waiting)} "
+                                                    "([[override]] in grading.toml)"))
     late = Lateness(**late) if isinstance(late, dict) else late
     result.lateness = asdict(late) if late.due else {}
     result.penalty = penalty(sum(result.scores.values()), sum(result.max_scores.values()), late)

@@ -91,6 +91,10 @@ def _cells(notebook: nbformat.NotebookNode, graded: Graded, released: bool = Tru
     shown = []
     for index, cell in enumerate(notebook.cells):
         cell_kind, grade_id = cells.kind(cell), cells.grade_id(cell)
+        if cell_kind == cells.WRITTEN:  # the student's own text: shown as text, never rendered
+            shown.append(f'<div class="cell"><div class="label">your written answer {html.escape(grade_id)} (graded by '
+                         f'hand)</div><pre>{_text(cell.source)}</pre></div>')
+            continue
         if cell.cell_type == "markdown":
             # The release's prose is the course's own; a student's added prose is shown as text.
             if cell.get("id") in (bootstrap.MARKDOWN_ID, bootstrap.HAND_IN_ID):
@@ -143,7 +147,9 @@ def _regraded(graded: Graded, overrides: dict[str, dict]) -> tuple[Graded, str]:
         return graded, ""
     verdicts = {test: dataclasses.replace(v, points=overrides[test]["points"]) if test in overrides else v
                 for test, v in graded.verdicts.items()}
-    said = "; ".join(f"{html.escape(test)}: {points(o['graded'])} → {points(o['points'])} points — {_text(o['reason'])}"
+    said = "; ".join(f"{html.escape(test)}: {points(o['points'])} points for the written answer — {_text(o['reason'])}"
+                     if test not in graded.verdicts else  # a written answer: only ever graded by hand
+                     f"{html.escape(test)}: {points(o['graded'])} → {points(o['points'])} points — {_text(o['reason'])}"
                      for test, o in overrides.items())
     return dataclasses.replace(graded, verdicts=verdicts), f"<p><b>Regraded by hand:</b> {said}.</p>"
 

@@ -13,7 +13,8 @@ def write_outputs(results: list[Result], known: dict[str, Assignment], out: Path
     """grades.csv, results.json and (unless `report` is False) report/ for `results`, under `out`."""
     results = sorted(results, key=lambda r: (r.student, r.assignment))
     graded = sorted({r.assignment for r in results if r.assignment in known})
-    write_csv(results, [gid for name in graded for gid in known[name].grade_cells()], out / "grades.csv")
+    columns = [gid for name in graded for gid in (*known[name].grade_cells(), *known[name].written_cells())]
+    write_csv(results, columns, out / "grades.csv")
     write_json(results, out / "results.json")
     if report:
         write_report(out)

@@ -5,8 +5,9 @@ be built (a container that forbids user namespaces), as Gradescope's best practi
 grader/platforms/gradescope.py writes names it), hands the kernel's folder to the user, becomes that user with no
 supplementary groups and no way to regain privileges, stops whatever an earlier kernel of that user left running,
 takes the sandbox's kernel environment in place of run_autograder's, and becomes the kernel (gradescope.grade stops
-every process of the user again once the hand-in is graded). The grader's files that matter (solutions/, build/ with the reference records, grader/, the
-results folder) are not readable by that user (`gradescope.prepare` and `gradescope.run` set that).
+every process of the user again once the hand-in is graded). The grader's files that matter (solutions/, build/ with
+the reference records, grader/, the results folder) are not readable by that user (`gradescope.prepare` and
+`gradescope.run` set that).
 
 It then confines the kernel as far as an unprivileged process can: the sandbox's per-process limits (address
 space, processes and threads of the user, CPU time, file size; grader/kernel/limits.py) and the sandbox's seccomp

@@ -191,7 +191,7 @@ def _edition(args: argparse.Namespace) -> int:
     print(f"wrote the student edition ({len(files)} files, {size / 2**20:.1f} MiB) to {args.out}")
     if tag:
         print(f"a git repository with the tag {tag}; publish it (public) with:\n"
-              f"  git -C {args.out} remote add origin {s.repository}.git  # once, unless it is a clone\n"
+              f"  git -C {args.out} remote add origin {s.git_url}  # once, unless it is a clone\n"
               f"  git -C {args.out} push origin {branch(args.out)} {tag}")
     return 0
 
@@ -287,13 +287,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from grader.author.bootstrap import SettingsError
     from grader.course import put_interpreter_on_path
 
     put_interpreter_on_path()
     args = build_parser().parse_args(argv)
     if args.command == "autograde" and argv is None and not args.unsandboxed:
         _prefer_a_memory_cgroup()
-    return args.run(args)
+    try:
+        return args.run(args)
+    except SettingsError as err:   # pyproject.toml's course settings: one line that says what to fix
+        print(f"error: {err}", file=sys.stderr)
+        return 2
 
 
 def _prefer_a_memory_cgroup() -> None:

@@ -28,6 +28,7 @@ from conftest import REPO
 from nbgrader.utils import compute_checksum
 
 from grader.author import bootstrap
+from grader.author.edition import readme as edition_readme
 from grader.author.mutants import reference_submission
 from grader.course import assignments
 from grader.judge.grading import plan
@@ -87,6 +88,59 @@ def test_an_unpublished_edition_has_no_badges_and_a_set_up_cell_that_says_why(mo
     source = bootstrap.bootstrap_source(unpublished).replace('importlib.util.find_spec("helpers") is not None', "False")
     with pytest.raises(RuntimeError, match="student edition is not published yet"):
         exec(compile(source, "<set-up cell>", "exec"), {"__name__": "__main__"})
+
+
+def _settings_with(tmp_path: Path, edition: str) -> bootstrap.CourseSettings:
+    """The course's settings with `student-edition = edition`, from a copy of pyproject.toml in tmp_path."""
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text(re.sub(r'(?m)^student-edition = ".*"$', f'student-edition = "{edition}"',
+                                (REPO / "pyproject.toml").read_text()))
+    return bootstrap.settings(pyproject)
+
+
+@pytest.mark.parametrize(("edition", "github", "install_spec"), [
+    ("https://gitlab.com/school/tml@v1.0", None, "git+https://gitlab.com/school/tml@v1.0"),
+    ("git@gitlab.com:school/tml.git@v1.0", None, "git+ssh://git@gitlab.com/school/tml.git@v1.0"),
+    ("/srv/git/tml@v1.0", None, "git+file:///srv/git/tml@v1.0"),
+    ("git@github.com:school/tml.git@v1.0", "school/tml", "https://github.com/school/tml/archive/refs/tags/v1.0.zip"),
+    ("https://github.com/school/tml@v1.0", "school/tml", "https://github.com/school/tml/archive/refs/tags/v1.0.zip"),
+])
+def test_student_edition_takes_any_git_url_or_a_local_path(tmp_path, edition, github, install_spec):
+    s = _settings_with(tmp_path, edition)
+    assert (s.github, s.install_spec, s.release_tag, s.published) == (github, install_spec, "v1.0", True)
+    header = bootstrap.badges_markdown("01_gradient_descent", s)
+    assert ("colab.research.google.com/github/school/tml/blob/v1.0/" in header) == bool(github)
+    assert ("kaggle.com/kernels/welcome" in header) == bool(github)
+    readme = edition_readme(s)
+    assert ("colab.research.google.com" in readme) == bool(github)
+    assert f"git clone {s.git_url} && cd tml\n" in readme
+    if not github:
+        assert "GitHub only" in header and s.repository in header
+
+
+def test_a_relative_local_edition_is_read_from_pyprojects_folder(tmp_path):
+    s = _settings_with(tmp_path, "../editions/tml@v2")
+    assert s.repository == str(tmp_path.parent / "editions" / "tml")
+    assert s.install_spec == f"git+file://{tmp_path.parent}/editions/tml@v2"
+
+
+@pytest.mark.parametrize("edition", ["https://gitlab.com/school/tml", "git@gitlab.com:school/tml.git", "@v1",
+                                     "my edition@v1", "https://github.com/school/tml@"])
+def test_a_student_edition_that_cannot_work_is_one_line_from_the_grader(tmp_path, monkeypatch, capsys, edition):
+    from grader import cli
+
+    pyproject = tmp_path / "pyproject.toml"
+    _settings_with(tmp_path, "https://github.com/school/tml@v1")   # writes pyproject.toml, then the bad value
+    pyproject.write_text(pyproject.read_text().replace("https://github.com/school/tml@v1", edition))
+    monkeypatch.setattr(bootstrap.settings.__wrapped__, "__defaults__", (pyproject,))   # what `grader` reads
+    bootstrap.settings.cache_clear()
+    try:
+        assert cli.main(["edition", str(tmp_path / "out")]) == 2
+    finally:
+        bootstrap.settings.cache_clear()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and "student-edition" in err and repr(edition) in err
+    assert not (tmp_path / "out").exists()
 
 
 def test_header_cells_badges_and_metadata():

@@ -67,6 +67,14 @@ GPU_HOWTO = ("**A GPU runtime:** Colab: *Runtime → Change runtime type → T4 
 
 PLACEHOLDER_OWNER = "YOUR-ORG"  # pyproject's student-edition until the instructor names the real one
 SETTING = "[tool.training-mechanics-lab] student-edition"
+# Where Colab and Kaggle can open a notebook from: GitHub alone. An https, ssh or scp-like (git@github.com:O/N) URL.
+GITHUB = re.compile(r"(?:https://|ssh://git@|git@)github\.com[/:](?P<owner>[\w.-]+)/(?P<name>[\w.-]+?)(?:\.git)?/?")
+SCP_LIKE = re.compile(r"(?P<user>[\w.-]+)@(?P<host>[\w.-]+):(?P<path>.+)")  # git's user@host:path
+RELEASE_TAG = re.compile(r"[\w.+-]+(?:/[\w.+-]+)*")
+
+
+class SettingsError(ValueError):
+    """A course setting in pyproject.toml that cannot work; the message is one line that says how to fix it."""
 
 
 @dataclass(frozen=True)
@@ -74,15 +82,26 @@ class CourseSettings:
     """The course's settings in pyproject.toml that the student notebooks' header is made from."""
 
     version: str
-    repository: str  # the public student edition: https://github.com/OWNER/NAME (never the instructor's)
+    repository: str  # the public student edition (never the instructor's): a git URL, or an absolute local path
     release_tag: str
     torch_range: str  # e.g. ">=2.11,<2.15"
     kernel_extras: tuple[str, ...]
 
     @property
+    def github(self) -> str | None:
+        """OWNER/NAME where the edition is on GitHub (then Colab and Kaggle can open its notebooks), else None."""
+        found = GITHUB.fullmatch(self.repository)
+        return f"{found.group('owner')}/{found.group('name')}" if found else None
+
+    @property
     def published(self) -> bool:
         """False while the student edition's setting is still the placeholder: there is nowhere to link to."""
-        return self.repository.removeprefix("https://github.com/").split("/")[0].upper() != PLACEHOLDER_OWNER
+        return (self.github or "").split("/")[0].upper() != PLACEHOLDER_OWNER
+
+    @property
+    def git_url(self) -> str:
+        """What `git clone` and `git remote add` take."""
+        return f"https://github.com/{self.github}.git" if self.github else self.repository
 
     @property
     def torch_minimum(self) -> tuple[int, int]:
@@ -95,12 +114,20 @@ class CourseSettings:
 
     @property
     def install_spec(self) -> str:
-        """What the set-up cell installs by default: the edition's archive at the release tag (no git needed)."""
-        return f"{self.repository}/archive/refs/tags/{self.release_tag}.zip" if self.published else ""
+        """What the set-up cell installs by default: on GitHub the edition's archive at the release tag (no git
+        needed); elsewhere pip's git+URL@TAG (the kernel needs git, and a local path only works on that machine)."""
+        if not self.published:
+            return ""
+        if self.github:
+            return f"https://github.com/{self.github}/archive/refs/tags/{self.release_tag}.zip"
+        scp = SCP_LIKE.fullmatch(self.repository)
+        url = (f"ssh://{scp['user']}@{scp['host']}/{scp['path']}" if scp and "://" not in self.repository
+               else Path(self.repository).as_uri() if self.repository.startswith("/") else self.repository)
+        return f"git+{url}@{self.release_tag}"
 
     def blob(self, path: str) -> str:
-        """`path` in the edition at the release tag, as GitHub shows it (what Colab and Kaggle open)."""
-        return f"{self.repository}/blob/{self.release_tag}/{path}"
+        """`path` in a GitHub edition at the release tag, as GitHub shows it (what Colab and Kaggle open)."""
+        return f"https://github.com/{self.github}/blob/{self.release_tag}/{path}"
 
 
 def _bound(spec: str, op: str) -> tuple[int, int]:
@@ -117,11 +144,15 @@ def settings(pyproject: Path = PYPROJECT) -> CourseSettings:
     tool = data["tool"]["training-mechanics-lab"]
     (torch_req,) = data["project"]["optional-dependencies"]["torch"]
     torch_range = torch_req.split("torch", 1)[1].strip()
-    found = re.fullmatch(r"(https://github\.com/[\w.-]+/[\w.-]+)@([\w.+-]+)", tool.get("student-edition", ""))
-    if not found:
-        raise ValueError(f"{SETTING} must be https://github.com/OWNER/NAME@TAG (the public student edition and "
-                         f"its release tag), not {tool.get('student-edition')!r}")
-    return CourseSettings(version=data["project"]["version"], repository=found.group(1), release_tag=found.group(2),
+    value = tool.get("student-edition", "")
+    where, _, tag = value.rpartition("@") if isinstance(value, str) else ("", "", "")
+    if not where or not RELEASE_TAG.fullmatch(tag) or re.search(r"\s", where):
+        raise SettingsError(f"{SETTING} in {pyproject} must be the public student edition's git URL or local path, "
+                            f"then @ and its release tag (https://gitlab.com/ORG/NAME@v1.0, /srv/git/edition@v1.0), "
+                            f"not {value!r}")
+    if "://" not in where and not SCP_LIKE.fullmatch(where):   # a local path, from pyproject.toml's folder
+        where = str((pyproject.parent / where).resolve())
+    return CourseSettings(version=data["project"]["version"], repository=where, release_tag=tag,
                           torch_range=torch_range, kernel_extras=tuple(tool.get("kernel-extras", ())))
 
 
@@ -139,9 +170,12 @@ def _badges(assignment: str, s: CourseSettings) -> str:
         return ("**Open in Colab or Kaggle:** not yet — this course's student edition is not published, so there "
                 "is nothing for Colab or Kaggle to open. Open this notebook where the course is installed "
                 "(`./course lab`), or ask your instructor for the edition's address.")
+    if not s.github:
+        return (f"**Open in Colab or Kaggle:** they open notebooks from GitHub only, and this course's student edition "
+                f"is at `{s.repository}` (release `{s.release_tag}`): clone it and open this notebook there "
+                f"(`./course lab`).")
     path = f"notebooks/{assignment}/{assignment}.ipynb"
-    colab = f"https://colab.research.google.com/github/{s.repository.removeprefix('https://github.com/')}" \
-            f"/blob/{s.release_tag}/{path}"
+    colab = f"https://colab.research.google.com/github/{s.github}/blob/{s.release_tag}/{path}"
     kaggle = f"https://kaggle.com/kernels/welcome?src={s.blob(path)}"
     return (f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab}) "
             f"[![Open in Kaggle](https://kaggle.com/static/images/open-in-kaggle.svg)]({kaggle})")

@@ -127,12 +127,14 @@ package-dir = {{"labkit.notebooks" = "notebooks"}}  # the blank notebooks, for t
 def readme(s: CourseSettings) -> str:
     """The edition's README, for students."""
     names = [a.name for a in assignments()]
-    owner_name = s.repository.removeprefix("https://github.com/")
     rows = "\n".join(
-        f"| `{n}` | [Colab](https://colab.research.google.com/github/{owner_name}/blob/{s.release_tag}/notebooks/{n}/{n}.ipynb)"
+        f"| `{n}` | [Colab](https://colab.research.google.com/github/{s.github}/blob/{s.release_tag}/notebooks/{n}/{n}.ipynb)"
         f" · [Kaggle](https://kaggle.com/kernels/welcome?src={s.blob(f'notebooks/{n}/{n}.ipynb')}) |"
-        if s.published else f"| `{n}` | not yet: this edition's address is not set, open it locally |" for n in names)
-    clone = (f"git clone {s.repository}.git && cd {owner_name.split('/')[1]}" if s.published
+        if s.published and s.github else
+        f"| `{n}` | not on Colab or Kaggle (they open GitHub only): open it locally |" if s.published else
+        f"| `{n}` | not yet: this edition's address is not set, open it locally |" for n in names)
+    folder = s.git_url.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1].removesuffix(".git")
+    clone = (f"git clone {s.git_url} && cd {folder}" if s.published
              else "cd THIS-REPOSITORY  # a clone or copy of it (its address is not set yet)")
     return f"""\
 # Training Mechanics Lab — student edition ({s.release_tag})

@@ -100,14 +100,18 @@ def test_a_malformed_config_is_refused_with_the_key_named(text, says):
     assert says in str(err.value) and str(err.value).startswith("grading.toml")
 
 
-def test_an_extension_for_a_student_not_in_the_class_is_refused():
-    check_students(POLICY, {"ada", "bo", "cy"})
-    with pytest.raises(ConfigError, match=r"student 'ada' handed nothing in and is not in the class \(did you mean 'adam'\?\)"):
-        check_students(POLICY, {"adam", "bo"})
+def test_an_extension_for_a_student_with_no_hand_in_is_a_warning_and_waits_for_one():
+    assert not check_students(POLICY, {"ada", "bo", "cy"}).warnings
+    checked = check_students(POLICY, {"adam", "bo"})
+    assert checked.extensions == POLICY.extensions   # kept as written: it applies once 'ada' hands in
+    (warning,) = checked.warnings
+    assert warning.startswith("warning: grading.toml: [[extension]] 1: student 'ada' handed nothing in")
+    assert "(did you mean 'adam'?)" in warning and "waits for their hand-in" in warning
 
 
 BAD = {
-    "unknown student": ('[[extension]]\nstudent = "alise"\ndue = "2030-01-20 12:00"',
+    "override for an unknown student": (f'[[override]]\nstudent = "alise"\nassignment = "{ONE}"\nexercise = "mse_grad"\n'
+                                        'points = 1\nreason = "a typo"',
                         "student 'alise' handed nothing in and is not in the class (did you mean 'alice'?)"),
     "malformed date": (f'[due]\n{ONE} = "15.01.2030 23:59"', f"[due] {ONE} = '15.01.2030 23:59': not a date and time"),
 }
@@ -128,9 +132,22 @@ def test_autograde_stops_before_grading_on_a_bad_config(tmp_path, case):
     assert not (tmp_path / "out" / "grades.csv").exists() and not (tmp_path / "out" / ".work" / "results").exists()
 
 
+@pytest.mark.integration
+def test_autograde_grades_the_class_and_warns_of_an_extension_for_a_student_with_no_hand_in(tmp_path, capsys):
+    from grader.batch.autograde import autograde
+    from grader.collect.deadlines import load_config
+
+    put(tmp_path / "class", "alice", A, reference_submission(A))
+    (tmp_path / "grading.toml").write_text(f'[due]\n{ONE} = "2030-01-15 23:59"\n[[extension]]\nstudent = "alise"\ndays = 2')
+    results = autograde(tmp_path / "class", tmp_path / "out", config=load_config(tmp_path / "grading.toml", NAMES),
+                        sandboxed=False, progress=False)
+    assert [r.student for r in results] == ["alice"] and (tmp_path / "out" / "grades.csv").exists()
+    assert "student 'alise' handed nothing in" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_the_autograde_command_exits_2_and_says_nothing_was_graded(tmp_path):
-    toml, says = BAD["unknown student"]
+    toml, says = BAD["override for an unknown student"]
     put(tmp_path / "class", "alice", A, reference_submission(A))
     (tmp_path / "grading.toml").write_text(toml)
     run = subprocess.run([PYTHON, "-m", "grader", "autograde", str(tmp_path / "class"), "--out", str(tmp_path / "out"),

@@ -299,6 +299,8 @@ def _collected(root: Path, run: _Run, only: str | None, shard: tuple[int, int] |
                                 {name: {**a.grade_cells(), **a.written_cells()} for name, a in run.known.items()})
     for line in run.config.matched if progress else ():
         print(line)
+    for line in run.config.warnings:
+        print(printable(line), file=sys.stderr)
     if shard is None:
         return subs
     from grader.batch.shards import in_shard, write_manifest

@@ -75,6 +75,10 @@ class ConfigError(ValueError):
     """The grading config is wrong; the message names the file, the key and what to write instead."""
 
 
+class NoHandIn(ConfigError):
+    """A name that matches no student who handed in: a typo, or a student who has not handed in yet."""
+
+
 @dataclass(frozen=True)
 class Extension:
     student: str
@@ -114,6 +118,7 @@ class Config:
     extensions: tuple[Extension, ...] = ()
     overrides: tuple[Override, ...] = ()
     matched: tuple[str, ...] = ()  # names matched to a student key other than by equality (`check_students`)
+    warnings: tuple[str, ...] = ()  # extensions for students with no hand-in (`check_students`)
 
     @property
     def tz(self) -> ZoneInfo:
@@ -294,19 +299,21 @@ def _student_key(name: str, students: set[str], where: str) -> tuple[str, str]:
         if found:
             return found[0], how
     hint = difflib.get_close_matches(name, sorted(students), n=1)
-    raise ConfigError(f"{where}: student {name!r} handed nothing in and is not in the class"
-                      + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+    raise NoHandIn(f"{where}: student {name!r} handed nothing in and is not in the class"
+                   + (f" (did you mean {hint[0]!r}?)" if hint else ""))
 
 
 def check_students(config: Config, students: set[str], exercises: dict[str, dict[str, float]] | None = None) -> Config:
     """`config` with every student named by their key, once it is shown to fit the class; else ConfigError.
 
-    Each extension and override must name exactly one student (by key, LMS id or folder name: `_student_key`);
-    with `exercises` (assignment → test cell or written answer → its points), an override must name one of the
-    assignment's exercises or written answers and give it between 0 and its points. `matched` says which names
-    were matched other than by key.
+    Each override must name exactly one student (by key, LMS id or folder name: `_student_key`); with `exercises`
+    (assignment → test cell or written answer → its points), it must name one of the assignment's exercises or
+    written answers and give it between 0 and its points. An extension may also name a student who has not handed
+    in yet (granted before the deadline, as most are): kept as written, with a line in `warnings` in case the name
+    is a typo. `matched` says which names were matched other than by key.
     """
     matched: list[str] = []
+    warnings: list[str] = []
 
     def key(name: str, where: str) -> str:
         found, how = _student_key(name, students, where)
@@ -314,7 +321,14 @@ def check_students(config: Config, students: set[str], exercises: dict[str, dict
             matched.append(f"{where}: student {name!r} is {found} ({how})")
         return found
 
-    extensions = tuple(replace(ext, student=key(ext.student, _where(config.source, f"[[extension]] {index}")))
+    def extension_key(name: str, where: str) -> str:
+        try:
+            return key(name, where)
+        except NoHandIn as err:
+            warnings.append(f"warning: {err}: the extension waits for their hand-in (if they did hand in, fix the name)")
+            return name
+
+    extensions = tuple(replace(ext, student=extension_key(ext.student, _where(config.source, f"[[extension]] {index}")))
                        for index, ext in enumerate(config.extensions, 1))
     overrides: list[Override] = []
     seen: dict[tuple[str, str, str], int] = {}
@@ -334,7 +348,8 @@ def check_students(config: Config, students: set[str], exercises: dict[str, dict
                               f"[[override]] {seen[same]}: keep one")
         seen[same] = index
         overrides.append(o)
-    return replace(config, extensions=extensions, overrides=tuple(overrides), matched=tuple(matched))
+    return replace(config, extensions=extensions, overrides=tuple(overrides), matched=tuple(matched),
+                   warnings=tuple(warnings))
 
 
 def overrides_for(config: Config, student: str, assignment: str) -> list[Override]:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
@@ -243,7 +244,7 @@ def autograde(
             graded = sorted({s.assignment for s in subs if s.assignment in run.known})
             # (no template when nothing is graded: release.generate would read an empty list as "every assignment")
             template = grading_template([run.known[a] for a in graded]) if graded else Path()
-            _prepare(run, graded)
+            _prepare(run, graded, progress)
             results, pending = _plan(run, subs, template, force)
             if report and pending:  # this process waits while the workers grade: time to load the report's plotting
                 threading.Thread(target=load_plotting, daemon=True).start()
@@ -316,10 +317,12 @@ def _worker_env(jobs: int) -> dict[str, str]:
     return env
 
 
-def _prepare(run: _Run, graded: list[str]) -> None:
+def _prepare(run: _Run, graded: list[str], progress: bool = False) -> None:
     """What every hidden observation must be, from the reference solution (raises when it fails here), and what
     each known mistake records (to name the one a wrong answer behaves like). Cached per version: when every
-    file is there, this process does not even import the judge (and torch with it); the workers read them."""
+    file is there, this process does not even import the judge (and torch with it); the workers read them.
+    With `progress`, a line before (the first run of a new version is silent for about a minute otherwise) and one
+    per assignment recorded."""
     releases = {name: released_notebook(run.known[name]) for name in graded}
     missing = sorted({name for name in graded for kind in ("", "mutants")
                       if not records_path(run.known[name], releases[name], kind).exists()})
@@ -327,14 +330,20 @@ def _prepare(run: _Run, graded: list[str]) -> None:
         return
     from grader.judge.grading import known_mistakes, plain_kernel_factory, reference_records
 
+    if progress:
+        print(f"a new version of the course: recording the reference runs and known mistakes of {', '.join(missing)} "
+              "once (about a minute) …", file=sys.stderr, flush=True)
     threads = run.env["OMP_NUM_THREADS"]  # as many as a grading kernel gets
     # Trusted code only, so sandboxing is not what these kernels need, but warm starts are: a plain kernel
     # imports torch and the notebook's packages afresh, a forked one has them.
     with (kernelspec.servers_for_threads(run.jobs, threads) if run.sandboxed
           else contextlib.nullcontext(plain_kernel_factory({"OMP_NUM_THREADS": threads}))) as kernels:
         def prepare(name: str) -> None:
+            began = time.monotonic()
             reference_records(run.known[name], kernels, run.timeout)
             known_mistakes(run.known[name], kernels, run.timeout, run.jobs)
+            if progress:
+                print(f"  {name}: recorded in {time.monotonic() - began:.0f} s", file=sys.stderr, flush=True)
 
         _parallel(prepare, missing, run.jobs)
 

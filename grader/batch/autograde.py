@@ -15,7 +15,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
@@ -240,7 +239,8 @@ def autograde(
     with stopping.sigterm_as_interrupt(), _unpacked(submissions, run, only) as root:
         try:
             subs = _collected(root, run, only, shard, progress)
-            run.env = _worker_env(jobs)
+            # parallel kernels share the cores: one torch thread per kernel keeps them from fighting
+            run.env = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // jobs)), **os.environ}
             graded = sorted({s.assignment for s in subs if s.assignment in run.known})
             # (no template when nothing is graded: release.generate would read an empty list as "every assignment")
             template = grading_template([run.known[a] for a in graded]) if graded else Path()
@@ -295,7 +295,7 @@ def _collected(root: Path, run: _Run, only: str | None, shard: tuple[int, int] |
                progress: bool) -> list[Submission]:
     """The class's hand-ins (only this shard's students when sharding), the config checked against the class."""
     subs = collect(root, list(run.known.values()), only)
-    # a typo in an extension or override stops here, before any grading
+    # a typo in an override stops here, before any grading (in an extension: a warning)
     run.config = check_students(run.config, {s.student for s in subs},
                                 {name: {**a.grade_cells(), **a.written_cells()} for name, a in run.known.items()})
     for line in run.config.matched if progress else ():
@@ -310,19 +310,10 @@ def _collected(root: Path, run: _Run, only: str | None, shard: tuple[int, int] |
     return [s for s in subs if in_shard(s.student, *shard)]
 
 
-def _worker_env(jobs: int) -> dict[str, str]:
-    env = dict(os.environ)
-    # Parallel kernels share the cores: one torch thread per kernel keeps them from fighting.
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))
-    return env
-
-
 def _prepare(run: _Run, graded: list[str], progress: bool = False) -> None:
     """What every hidden observation must be, from the reference solution (raises when it fails here), and what
     each known mistake records (to name the one a wrong answer behaves like). Cached per version: when every
-    file is there, this process does not even import the judge (and torch with it); the workers read them.
-    With `progress`, a line before (the first run of a new version is silent for about a minute otherwise) and one
-    per assignment recorded."""
+    file is there, this process does not even import the judge (and torch with it); the workers read them."""
     releases = {name: released_notebook(run.known[name]) for name in graded}
     missing = sorted({name for name in graded for kind in ("", "mutants")
                       if not records_path(run.known[name], releases[name], kind).exists()})
@@ -330,20 +321,17 @@ def _prepare(run: _Run, graded: list[str], progress: bool = False) -> None:
         return
     from grader.judge.grading import known_mistakes, plain_kernel_factory, reference_records
 
-    if progress:
-        print(f"a new version of the course: recording the reference runs and known mistakes of {', '.join(missing)} "
-              "once (about a minute) …", file=sys.stderr, flush=True)
     threads = run.env["OMP_NUM_THREADS"]  # as many as a grading kernel gets
     # Trusted code only, so sandboxing is not what these kernels need, but warm starts are: a plain kernel
     # imports torch and the notebook's packages afresh, a forked one has them.
+    # the bar: the first run of a new course version spends about a minute here, silent without it
     with (kernelspec.servers_for_threads(run.jobs, threads) if run.sandboxed
-          else contextlib.nullcontext(plain_kernel_factory({"OMP_NUM_THREADS": threads}))) as kernels:
+          else contextlib.nullcontext(plain_kernel_factory({"OMP_NUM_THREADS": threads}))) as kernels, \
+            tqdm(total=len(missing), desc="new course version: recording reference runs", disable=not progress) as bar:
         def prepare(name: str) -> None:
-            began = time.monotonic()
             reference_records(run.known[name], kernels, run.timeout)
             known_mistakes(run.known[name], kernels, run.timeout, run.jobs)
-            if progress:
-                print(f"  {name}: recorded in {time.monotonic() - began:.0f} s", file=sys.stderr, flush=True)
+            bar.update()
 
         _parallel(prepare, missing, run.jobs)
 

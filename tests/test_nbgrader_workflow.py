@@ -11,6 +11,7 @@ hidden test, a score changed there survives a second autograde and reaches `nbgr
 from __future__ import annotations
 
 import csv
+import html
 import os
 import shutil
 import subprocess
@@ -39,6 +40,10 @@ MUTANT = next(m for m in load_mutants(ASSIGNMENT) if m.exercise == "mse_grad")
 
 
 WRITTEN = next(iter(ASSIGNMENT.written_cells()))  # 01's written answer: nbgrader leaves it to the formgrader
+# HTML in a student's markdown, which the formgrader would render in the instructor's browser
+SCRIPT = '<img src="x" onerror="document.title=1"><script>document.title=2</script> [x](javascript:document.title=4)'
+EXTRA_FILE = '<img src="x" onerror="document.title=3">'  # a file name the course's notes repeat
+FORGED = "2099-01-01 00:00:00.000000 UTC"  # newer than every real submission: collect would prefer it
 
 
 def hand_in(student: str) -> nbformat.NotebookNode:
@@ -47,7 +52,8 @@ def hand_in(student: str) -> nbformat.NotebookNode:
     if student == "tml-ada":
         nb = reference_submission(ASSIGNMENT)
         next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == WRITTEN).source = (
-            "One step overshoots when it is large for the curvature; 0.1 is no constant of training.")
+            "One step overshoots when it is large for the curvature; 0.1 is no constant of training."
+            f"{SCRIPT}")
         return nb
     return {"tml-bo": lambda: mutant_submission(ASSIGNMENT, [MUTANT]),
             "tml-cy": lambda: blank_submission(ASSIGNMENT)}[student]()
@@ -126,13 +132,29 @@ def _round_trip(hub: Hub) -> Hub:
         nbformat.write(hand_in(name), fetched)  # the student's work, saved (as root: chown it back)
         os.chown(fetched, uid, uid)
         fetched.rename(fetched.with_name(file_name))
+        if name == "tml-bo":
+            (fetched.parent / EXTRA_FILE).write_text("")
+            os.chown(fetched.parent / EXTRA_FILE, uid, uid)
         hub.student(name, "submit", ASSIGNMENT.name)
+    _plant_in_inbound(hub)
     hub.instructor("collect", ASSIGNMENT.name)
     shutil.copytree(course / "submitted", hub.collected)
     began = time.perf_counter()
     hub.instructor("autograde", ASSIGNMENT.name)
     hub.autograde_s = time.perf_counter() - began
     return hub
+
+
+def _plant_in_inbound(hub: Hub) -> None:
+    """What cy can do to the world-writable inbound folder: a submission of hers that is a link to the course's
+    source (the reference answers), and a folder named as bo's submission, newer than his."""
+    inbound = hub.exchange / "training-mechanics-lab" / "inbound"
+    forged = inbound / f"tml-bo+{ASSIGNMENT.name}+{FORGED}+forged"
+    script = (f'ln -s "$0" "{inbound}/tml-cy+{ASSIGNMENT.name}+{FORGED}+link" && mkdir "{forged}" '
+              f'&& cp "$0/{ASSIGNMENT.notebook}" "{forged}/"')
+    done = subprocess.run(as_user(hub.uids["tml-cy"], "/bin/sh", "-c", script, str(hub.course / "source" / ASSIGNMENT.name)),
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
 
 
 def test_init_writes_the_release_nbgrader_generates_exactly(hub):
@@ -142,9 +164,15 @@ def test_init_writes_the_release_nbgrader_generates_exactly(hub):
 
 
 def test_each_student_fetched_and_submitted_as_their_own_user(hub):
+    """Each student's own submission was collected: not cy's link to the reference answers, not the folder she
+    named as bo's (nbgrader's collect would copy the source through the link, and take the newer folder)."""
     collected = {p.parent.parent.name: p.name for p in hub.collected.glob(f"*/{ASSIGNMENT.name}/*.ipynb")}
     assert collected == STUDENTS
-    inbound = list((hub.exchange / "training-mechanics-lab" / "inbound").iterdir())
+    for name in STUDENTS:
+        got = nbformat.read(next((hub.collected / name / ASSIGNMENT.name).glob("*.ipynb")), as_version=4)
+        assert [c.source for c in got.cells] == [c.source for c in hand_in(name).cells], name
+    assert (hub.collected / "tml-bo" / ASSIGNMENT.name / EXTRA_FILE).exists()
+    inbound = [p for p in (hub.exchange / "training-mechanics-lab" / "inbound").iterdir() if FORGED not in p.name]
     assert sorted(p.stat().st_uid for p in inbound) == sorted(hub.uids.values())
 
 
@@ -179,10 +207,13 @@ def test_autograded_notebooks_hold_no_hidden_test_and_only_verdicts(hub):
         text = {line.strip() for cell in nb.cells for line in cell.source.splitlines()}
         assert not hidden & text
         outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
-        assert len(outputs) == 2 * len(ASSIGNMENT.grade_cells())  # a verdict and its points per test, nothing else
+        # the summary on top, then a verdict and its points per test: nothing else
+        assert len(outputs) == 1 + 2 * len(ASSIGNMENT.grade_cells())
+        assert nb.cells[0].outputs[0].data["text/plain"].startswith("Autograded by the course's grader")
         assert "BEGIN HIDDEN" not in nbformat.writes(nb)
     ada = nbformat.read(hub.course / "autograded" / "tml-ada" / ASSIGNMENT.name / ASSIGNMENT.notebook, as_version=4)
-    assert f"Handed in as `Copy of {ASSIGNMENT.notebook}`" in ada.cells[0].source
+    summary = ada.cells[0].outputs[0].data["text/plain"]
+    assert f"Handed in as 'Copy of {ASSIGNMENT.notebook}'; graded as this assignment." in summary
 
 
 def _secrets() -> tuple[set[str], set[str]]:
@@ -229,6 +260,7 @@ def _formgrader_pages(hub: Hub, manual_score: float) -> dict[str, str]:
                     page.fill("textarea#mse_grad_answer-comment", "the factor 2 is missing; see me")
                     page.press("textarea#mse_grad_answer-comment", "Tab")
                     _wait_for_manual_score(hub, "tml-bo", "mse_grad", manual_score)
+                assert page.title() not in ("1", "2", "3"), "a student's HTML ran in the formgrader"
                 pages[name] = page.content()
             browser.close()
     finally:
@@ -261,9 +293,12 @@ def test_formgrader_shows_submissions_and_a_manual_score_reaches_export(hub):
     before = _exported(hub)
     assert before == {"tml-ada": 10.0, "tml-bo": 10.0 - ASSIGNMENT.grade_cells()["mse_grad"], "tml-cy": 0.0}
     pages = _formgrader_pages(hub, manual_score=1.5)
-    for name, html in pages.items():
-        assert not hidden & shown_lines(html), name
+    for name, page in pages.items():
+        assert not hidden & shown_lines(page), name
     assert not answers & shown_lines(pages["tml-cy"])  # a blank hand-in's page shows no reference answer
+    assert '<img src="x"' not in pages["tml-ada"] + pages["tml-bo"] and "<script>document" not in pages["tml-ada"]
+    assert 'href="javascript' not in pages["tml-ada"]
+    assert "document.title=2" in html.unescape(pages["tml-ada"])  # shown as the text it is
     assert "✗ 0 of 3 point(s), from the course's grader" in pages["tml-bo"]
     after = _exported(hub)
     assert after == {**before, "tml-ada": before["tml-ada"] + 2, "tml-bo": before["tml-bo"] + 1.5}
@@ -298,6 +333,23 @@ def test_a_changed_hand_in_loses_its_manual_grade(hub):
     with Gradebook(f"sqlite:///{hub.course / 'gradebook.db'}") as gb:
         grade = gb.find_grade("mse_grad", ASSIGNMENT.name, ASSIGNMENT.name, "tml-bo")
         assert (grade.manual_score, grade.auto_score) == (None, ASSIGNMENT.grade_cells()["mse_grad"])
+
+
+def test_late_hand_ins_follow_nbgrader_s_due_date_and_late_penalty_plugin(hub):
+    """nbgrader's own due date and late-penalty plugin decide lateness: with a due date before the hand-ins and its
+    'zero' method, a regraded hand-in scores 0 in nbgrader's export, the penalty in its own column."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{hub.course / 'gradebook.db'}") as gb:
+        gb.update_or_create_assignment(ASSIGNMENT.name, duedate="2000-01-01 00:00:00 UTC")
+    config = hub.course / "nbgrader_config.py"
+    config.write_text(config.read_text() + '\nc.LateSubmissionPlugin.penalty_method = "zero"\n')
+    hub.instructor("autograde", ASSIGNMENT.name, "--force", "--student", "tml-ada")
+    out = hub.root / "late.csv"
+    hub.instructor("export", "--to", str(out))
+    with open(out, newline="") as f:
+        ada = next(row for row in csv.DictReader(f) if row["student_id"] == "tml-ada")
+    assert float(ada["score"]) == 0 and float(ada["late_submission_penalty"]) == float(ada["raw_score"]) > 0, ada
 
 
 def test_init_again_keeps_the_gradebook(hub):

@@ -103,6 +103,9 @@ def test_a_written_answer_waits_for_a_hand_grade_apart_from_the_autograded_point
     assert row.by_hand == {WRITTEN: 1.5} and row.total == 4.5 and row.scores == {"mse_grad": 3.0} and row.status == []
     settle(row, {}, [])
     assert row.by_hand == {WRITTEN: None} and row.total == 3.0 and [n.kind for n in row.status] == [NoteKind.BY_HAND]
+    no_points = config(f'[due]\n{ONE} = "2030-01-15 23:59"\n[late]\nper_day = 10\nmax_days = 1\n')
+    settle(row, lateness(no_points, "dee", ONE, "2030-01-20 08:00"), given)  # past max_days: nothing counts
+    assert row.by_hand == {WRITTEN: 1.5} and row.penalty == 4.5 and row.total == 0.0
     blank = Result("ann", ONE, {"mse_grad": 3.0}, {"mse_grad": 3.0}, by_hand={WRITTEN: 0.0}, by_hand_max={WRITTEN: 2.0})
     assert settle(blank, {}, []).status == [] and blank.total == 3.0
     with pytest.raises(ConfigError, match="is worth 2 at most"):

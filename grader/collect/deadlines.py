@@ -450,7 +450,10 @@ def settle(result: Result, late: Lateness | dict, overrides: Sequence[Override |
                                                     "([[override]] in grading.toml)"))
     late = Lateness(**late) if isinstance(late, dict) else late
     result.lateness = asdict(late) if late.due else {}
-    result.penalty = penalty(sum(result.scores.values()), sum(result.max_scores.values()), late)
+    # a written answer graded by hand is as late as the rest; one nobody graded changes no penalty
+    by_hand = [w for w in result.by_hand_max if w in result.overrides]
+    result.penalty = penalty(sum(result.scores.values()) + sum(result.by_hand[w] or 0.0 for w in by_hand),
+                             sum(result.max_scores.values()) + sum(result.by_hand_max[w] for w in by_hand), late)
     return result
 
 

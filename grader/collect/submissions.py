@@ -19,6 +19,7 @@ student's own file: ignored, with a status note.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -49,6 +50,7 @@ RENAMED = re.compile(r"(?:\s*\(\d+\)|-\d+|_final|_v\d+|[ _-]copy)+$", re.I)
 COPY_OF = re.compile(r"^copy[ _-]of[ _-]", re.I)  # Colab's "Save a copy in Drive"
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$")
 TIMESTAMP_FILE = "timestamp.txt"  # nbgrader's convention: when the hand-in arrived
+SECRET_FILE = "submission_secret.txt"  # what nbgrader's submit writes beside it: the exchange's, no extra file
 # Written by unpack_zip beside the student folders (a dot name: never a student): "student/assignment" -> time
 COLLECTION_TIMES = ".collection-times.json"
 
@@ -304,8 +306,10 @@ def _hand_in(student: str, assignment: Assignment, folder: Path, known: list[Ass
                                   f"{TIMESTAMP_FILE} in the upload ignored: the hand-in time is {lms_time}"))
     elif stamp is not None:
         sub.submitted_at = _read_small(stamp)
-    files = [(p, info) for p, info in files if p != stamp]
-    notebooks = [(p, info) for p, info in files if p.suffix == ".ipynb"]
+    files = [(p, info) for p, info in files if p != stamp and not (p.name == SECRET_FILE and p.parent == folder)]
+    # nearer the top first: what nbgrader and a person looking at the folder take for the hand-in
+    notebooks = sorted(((p, info) for p, info in files if p.suffix == ".ipynb"),
+                       key=lambda n: (len(n[0].relative_to(folder).parts), n[0]))
     exact = [n for n in notebooks if n[0].name == assignment.notebook]
     renamed = [n for n in notebooks if notebook_for(n[0].name, [assignment]) is not None]
     alone = notebooks if len(notebooks) == 1 else []
@@ -364,7 +368,9 @@ def collect(root: Path, known: list[Assignment], only: str | None = None) -> lis
     for entry in _folders(root):
         student = slug(entry.name)
         if not student or student != entry.name:
-            shown = student or f"unsafe-name-{abs(hash(entry.name)) % 10**8}"
+            # a key no safe folder name can have ('~' is not in SAFE_NAME): the row never takes another's place
+            raw = entry.name.encode(errors="surrogateescape")
+            shown = f"{student or 'unsafe-name'}~{hashlib.sha256(raw).hexdigest()[:8]}"
             found[(shown, "?")] = _refused(shown, only or "?", f"refused: unsafe folder name {printable(entry.name)!r}")
             continue
         if not entry.is_dir(follow_symlinks=False):

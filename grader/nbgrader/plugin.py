@@ -18,8 +18,11 @@ changed (`forget_manual_grades`). `canonical_names`, a pre-convert hook, gives a
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import os
+import re
 from pathlib import Path
 
 import nbformat
@@ -82,16 +85,20 @@ def _write_record(path: Path, record: dict[str, str]) -> None:
 # --- the renamed hand-in --------------------------------------------------------------------------------------
 
 def canonical_names(assignment: str, student: str, notebooks: list[str], **_: object) -> None:
-    """nbgrader's pre-convert hook: a hand-in saved under another name gets its assignment's notebook name.
+    """nbgrader's pre-convert hook: the notebook the course's grader grades gets its assignment's notebook name.
 
-    nbgrader grades a notebook only under the name the gradebook knows; `Copy of 01_gradient_descent.ipynb`
-    (Colab), `01-gradient-descent.ipynb` (Kaggle) or any name whose notebook metadata says the assignment would
-    be skipped and the student given 0. Such a file is renamed in place (its content untouched) when its folder
-    has no notebook of the right name; the old name is kept in course-grading/renamed.json for the verdict's
-    note. nbgrader calls the hook once per student with the command's `assignment` and `student` patterns, so
-    the folders come from the paths: every student's folder of this assignment is put right on the first call
-    (the course's grader grades them all then), and `notebooks`, nbgrader's own list, is updated in place.
+    nbgrader grades a notebook only under the name the gradebook knows, and only at the top of the hand-in
+    folder; `Copy of 01_gradient_descent.ipynb` (Colab), `01-gradient-descent.ipynb` (Kaggle), a notebook whose
+    metadata says the assignment, or one in a subfolder would be skipped and the student given 0. The course's
+    collection (grader/collect/submissions.py) picks the notebook it grades, and that very file is moved to the
+    name nbgrader knows (its content untouched), so nbgrader's notebook and the graded one are the same file; the
+    old name is kept in course-grading/renamed.json for the verdict's note. nbgrader calls the hook once per
+    student with the command's `assignment` and `student` patterns, so the folders come from the paths: every
+    student's folder of this assignment is put right on the first call, and `notebooks`, nbgrader's own list, is
+    updated in place.
     """
+    from grader.collect.submissions import collect
+
     if not notebooks:
         return
     folder = Path(notebooks[0]).parent
@@ -101,10 +108,12 @@ def canonical_names(assignment: str, student: str, notebooks: list[str], **_: ob
         return
     record_path = submitted.parent / COURSE_GRADING / RENAMED_FILE
     record = _record(record_path)
-    for handin in sorted(p for p in submitted.glob(f"*/{target.name}") if p.is_dir() and not p.is_symlink()):
-        renamed = _rename_to_canonical(handin, target)
-        if renamed:
-            record[f"{handin.parent.name}/{target.name}"] = renamed
+    for handin in collect(submitted, assignments(), target.name):
+        canonical = submitted / handin.student / target.name / target.notebook
+        if handin.notebook is None or handin.notebook == canonical or canonical.exists():
+            continue
+        handin.notebook.rename(canonical)
+        record[f"{handin.student}/{target.name}"] = str(handin.notebook.relative_to(canonical.parent))
     if record:
         _write_record(record_path, record)
     canonical = folder / target.notebook
@@ -112,54 +121,79 @@ def canonical_names(assignment: str, student: str, notebooks: list[str], **_: ob
         notebooks[:] = [str(canonical), *(n for n in notebooks if Path(n).exists())]
 
 
-def _rename_to_canonical(handin: Path, target: Assignment) -> str:
-    """Rename the one notebook in `handin` that is `target`'s under another name; returns its old name, or ''."""
-    from grader.collect.submissions import assignment_in, notebook_for, read_bounded
-
-    if (handin / target.notebook).exists():
-        return ""
-    known = assignments()
-    meant = [p for p in sorted(handin.glob("*.ipynb")) if p.is_file() and not p.is_symlink()
-             and (notebook_for(p.name, known) or assignment_in(read_bounded(p), known)) == target]
-    if len(meant) != 1:  # none, or several candidates: which one the student meant is not ours to guess
-        return ""
-    meant[0].rename(handin / target.notebook)
-    return meant[0].name
-
-
 # --- sanitize: the release's cells back, the student's answers kept --------------------------------------------
 
 class RestoreFromRelease(NbGraderPreprocessor):
     """The hand-in rebuilt on the course's release: locked and test cells from the release (no hidden test),
-    the student's answers and own cells kept where they were (grader/judge/rebuild.py)."""
+    the student's answers and own cells kept where they were (grader/judge/rebuild.py), and the student's markdown
+    made plain text. The formgrader and the feedback render markdown as HTML, raw HTML and `javascript:` links
+    included: a student's `<script>`, `onerror=` or link would run in the instructor's formgrader, with the rights
+    to change grades; an image would tell the student when the instructor looked."""
 
     def preprocess(self, nb: NotebookNode, resources: ResourcesDict) -> tuple[NotebookNode, ResourcesDict]:
-        from grader.judge.rebuild import rebuild
+        from grader.judge.rebuild import ADDED, rebuild
+        from labkit import cells
 
         assignment = course_assignment(resources["nbgrader"]["assignment"])
-        released = nbformat.read(assignment.release, as_version=4)
-        rebuilt, _ = rebuild(nb, released)  # what was tampered with is a note of the course's verdict
+        rebuilt, _ = rebuild(nb, _release(assignment.release))  # what was tampered with is a note of the verdict
+        stubs = {cells.grade_id(c): c for c in _release(assignment.release).cells if cells.kind(c) == cells.WRITTEN}
+        for cell in rebuilt.cells:
+            theirs = cell.metadata.get(ADDED) or (cells.kind(cell) == cells.WRITTEN
+                                                  and cells.is_answered(cell, stubs[cells.grade_id(cell)]))
+            if cell.cell_type == "markdown" and theirs:
+                cell.source = as_text(cell.source)
+                cell.pop("attachments", None)
         return rebuilt, resources
+
+
+def as_text(markdown: str) -> str:
+    """`markdown` as a fenced block, which renders as its plain text: no HTML, link or image of the student's can
+    take effect (a fence longer than any run of backticks in it cannot be closed from inside)."""
+    fence = "`" * max(3, 1 + max((len(run) for run in re.findall("`+", markdown)), default=0))
+    return f"{fence}text\n{markdown}\n{fence}"
+
+
+@functools.lru_cache(maxsize=16)
+def _release(path: Path) -> NotebookNode:
+    """The course's release of an assignment, read once per process (rebuild copies what it uses)."""
+    return nbformat.read(path, as_version=4)
 
 
 # --- autograde: the course's verdicts --------------------------------------------------------------------------
 
-# One batch per course directory and assignment per process: nbgrader converts hand-ins one by one, the course's
-# grader grades a class at once (warm sandboxed kernels on every core). A failure is kept, so that every hand-in
-# of the run fails with the same reason instead of starting the batch again.
-_batches: dict[tuple[str, str], dict[str, Result] | CourseGradingFailed] = {}
+# One batch per state of the assignment's hand-ins: nbgrader converts hand-ins one by one, the course's grader grades
+# a class at once (warm sandboxed kernels on every core). The key holds every hand-in file's name, size and time, so
+# a formgrader that autogrades again in the same process after a hand-in changed grades again (the course's grader
+# regrades only what changed). A failure is kept too: every hand-in of the run fails with the same reason.
+_batches: dict[tuple[str, str, str], dict[str, list[Result]] | CourseGradingFailed] = {}
 
 
-def class_results(coursedir: CourseDirectory, assignment: Assignment) -> dict[str, Result]:
-    """The course grader's rows for `assignment`'s hand-ins in submitted/, by student folder name."""
+def _state(submitted: Path, assignment: Assignment) -> str:
+    """A digest of the names, sizes and modification times of every file in the assignment's hand-in folders."""
+    digest = hashlib.sha256()
+    for folder in sorted(submitted.glob(f"*/{assignment.name}")):
+        for current, _, files in sorted(os.walk(folder)):
+            for name in sorted(files):
+                info = os.lstat(os.path.join(current, name))
+                digest.update(f"{current}/{name}\0{info.st_size}\0{info.st_mtime_ns}\0".encode(errors="surrogateescape"))
+    return digest.hexdigest()
+
+
+def class_results(coursedir: CourseDirectory, assignment: Assignment) -> dict[str, list[Result]]:
+    """The course grader's rows for `assignment`'s hand-ins in submitted/, by student key."""
     from grader.batch.autograde import GradingEnvironmentBroken, SandboxUnavailable, autograde
     from grader.collect.submissions import CollectionError
 
-    key = (str(Path(coursedir.root).resolve()), assignment.name)
+    submitted = _submitted_root(coursedir)
+    key = (str(Path(coursedir.root).resolve()), assignment.name, _state(submitted, assignment))
     if key not in _batches:
         try:
-            rows = autograde(_submitted_root(coursedir), _grading_folder(coursedir), only=assignment.name)
-            _batches[key] = {r.student: r for r in rows if r.assignment == assignment.name}
+            rows = autograde(submitted, _grading_folder(coursedir), only=assignment.name)
+            by_student: dict[str, list[Result]] = {}
+            for row in rows:
+                if row.assignment == assignment.name:
+                    by_student.setdefault(row.student, []).append(row)
+            _batches[key] = by_student
         except (GradingEnvironmentBroken, SandboxUnavailable, CollectionError) as err:
             _batches[key] = CourseGradingFailed(f"the course's grader graded nothing: {printable(str(err))}")
     found = _batches[key]
@@ -204,38 +238,39 @@ def verdict_outputs(result: Result, grade_id: str) -> list[NotebookNode]:
         lines.append(f"known mistake: {mistake}")
     if override := result.overrides.get(grade_id):
         lines.append(f"set by hand: {override.get('reason', '')}")
-    return [nbformat.v4.new_output("display_data", data={"text/plain": "\n".join(lines)}),
-            nbformat.v4.new_output("execute_result", data={"text/plain": points(got)}, execution_count=None)]
+    # built as plain nodes: nbformat's constructors validate each one against the schema (9 ms apiece)
+    return [nbformat.from_dict({"output_type": "display_data", "data": {"text/plain": "\n".join(lines)}, "metadata": {}}),
+            nbformat.from_dict({"output_type": "execute_result", "data": {"text/plain": points(got)}, "metadata": {},
+                                "execution_count": None})]
 
 
 def summary_cell(result: Result, renamed_from: str) -> NotebookNode:
-    """The markdown cell on top of the autograded notebook: the course grader's total and its status notes."""
+    """The cell on top of the autograded notebook: the course grader's total and status notes, as plain text (the
+    notes name files the student named: as markdown they would be HTML in the instructor's formgrader)."""
     total, full = sum(result.scores.values()), sum(result.max_scores.values())
-    notes = status_text(result.status)
-    lines = [f"**Autograded by the course's grader:** {points(total)} of {points(full)} point(s).",
-             f"Status: {notes}." if notes != "ok" else "Status: ok."]
+    lines = [f"Autograded by the course's grader: {points(total)} of {points(full)} point(s).",
+             f"Status: {status_text(result.status)}."]
     if renamed_from:
-        lines.append(f"Handed in as `{renamed_from}`; graded as this assignment.")
-    cell = nbformat.v4.new_markdown_cell("\n\n".join(lines), id="course-verdict")
-    cell.metadata["tml_course_verdict"] = True
-    return cell
+        lines.append(f"Handed in as {renamed_from!r}; graded as this assignment.")
+    return nbformat.from_dict({
+        "cell_type": "code", "id": "course-verdict", "source": "", "execution_count": None,
+        "metadata": {"tml_course_verdict": True, "editable": False, "deletable": False},
+        "outputs": [{"output_type": "display_data", "data": {"text/plain": "\n".join(lines)}, "metadata": {}}]})
 
 
 class CourseVerdicts(NbGraderPreprocessor):
     """Each test cell's output set to the course grader's trusted verdict (points as partial credit)."""
 
     def preprocess(self, nb: NotebookNode, resources: ResourcesDict) -> tuple[NotebookNode, ResourcesDict]:
-        from grader.collect.submissions import slug
-
         info = resources["nbgrader"]
         assignment = course_assignment(info["assignment"])
         coursedir = CourseDirectory(config=self.config)
-        rows = class_results(coursedir, assignment)
         student = info["student"]
-        result = rows.get(student) or rows.get(slug(student))
-        if result is None:
-            raise CourseGradingFailed(f"the course's grader has no row for {printable(student)}'s "
-                                      f"{assignment.name}; run nbgrader autograde again")
+        rows = class_results(coursedir, assignment).get(student, [])
+        if len(rows) != 1:  # none: a folder name the course refuses; two: a refused folder claims this student's key
+            raise CourseGradingFailed(f"the course's grader has {len(rows)} rows for the folder {printable(student)!r} "
+                                      f"of {assignment.name}: see course-grading/grades.csv")
+        (result,) = rows
         key = f"{student}/{assignment.name}"
         folder = _grading_folder(coursedir)
         self._forget_if_changed(folder, key, info, _submitted_root(coursedir) / student / assignment.name / assignment.notebook)
@@ -261,17 +296,16 @@ class CourseVerdicts(NbGraderPreprocessor):
 
 
 def use_course_grading(c) -> None:
-    """Plug the course's grading into nbgrader's configuration `c` (called by the course's nbgrader_config.py)."""
-    from nbgrader.preprocessors import (
-        AssignLatePenalties,
-        CheckCellMetadata,
-        ClearOutput,
-        DeduplicateIds,
-        OverwriteKernelspec,
-        SaveAutoGrades,
-    )
+    """Plug the course's grading into nbgrader's configuration `c` (called by the course's nbgrader_config.py).
 
-    c.Autograde.sanitize_preprocessors = [ClearOutput, DeduplicateIds, OverwriteKernelspec, RestoreFromRelease,
-                                          CheckCellMetadata]
-    c.Autograde.autograde_preprocessors = [CourseVerdicts, SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]
+    Left out of nbgrader's lists besides OverwriteCells and Execute: OverwriteKernelspec (no kernel runs under
+    nbgrader) and CheckCellMetadata (every nbgrader cell of the rebuilt notebook is the release's, which
+    `grader check` validates with nbgrader's own validator; it cost 0.15 s a pass)."""
+    from nbgrader.preprocessors import AssignLatePenalties, ClearOutput, DeduplicateIds, SaveAutoGrades
+
+    from grader.nbgrader.exchange import SafeCollect
+
+    c.ExchangeFactory.collect = SafeCollect
+    c.Autograde.sanitize_preprocessors = [ClearOutput, DeduplicateIds, RestoreFromRelease]
+    c.Autograde.autograde_preprocessors = [CourseVerdicts, SaveAutoGrades, AssignLatePenalties]
     c.Autograde.pre_convert_hook = canonical_names

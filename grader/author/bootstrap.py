@@ -1,10 +1,11 @@
 """The frame of every student notebook: badges and a set-up cell at the top, a check and hand-in at the end.
 
-The release (grader/author/release.py) puts two cells before each student notebook's first cell:
+The release (grader/author/release.py) puts two cells right below each student notebook's title:
 - a markdown cell (id `course-kernel`): Colab and Kaggle badges for the public student edition at its release
   tag (while the setting is still the placeholder, a sentence saying it is not published instead), what the
   notebook needs (from `NEEDS`) and how to turn on a GPU runtime;
-- a read-only code cell (grade_id `course_bootstrap`, tag `bootstrap`; grading skips it): where `helpers`
+- a read-only code cell (grade_id `course_bootstrap`, tag `bootstrap`; grading skips it), folded to its first line
+  (JupyterLab's hidden source, Colab's form title) so that a notebook opens on its own words: where `helpers`
   imports it does nothing but say so; otherwise it pip-installs the course package from one spec — the
   edition's archive at the release tag, or the environment variable TML_INSTALL_SPEC (a path, wheel or URL) —
   with every package the kernel already has held at its version by a pip constraint (torch, numpy, matplotlib,
@@ -202,7 +203,8 @@ def bootstrap_source(s: CourseSettings | None = None) -> str:
              f'if _have >= {below!r} else ""' if below else '_newer = ""')
     extras = "".join(f", {json.dumps(e)}" for e in s.kernel_extras)
     return f'''\
-# Course set-up. Where the course is installed it does nothing. On a kernel without it (Colab, Kaggle, a hub)
+# @title Course set-up: run this cell first {{ display-mode: "form" }}
+# Where the course is installed it does nothing. On a kernel without it (Colab, Kaggle, a hub)
 # it pip-installs the course's `helpers` package and what the notebooks need beyond a stock kernel, and changes
 # no package the kernel already has: a pip constraint holds every one of them (torch, numpy, matplotlib,
 # ipywidgets …) at its version. TML_INSTALL_SPEC (a path, wheel or URL) replaces where it installs from.
@@ -255,13 +257,15 @@ else:
           f"packages) and changed none of the kernel's {{len(_kept)}} packages ({{_shown}}){{_newer}}.")'''
 
 
-def _locked_cell(source: str, cell_id: str, grade_id: str) -> nbformat.NotebookNode:
-    """A read-only code cell that runs only in Jupyter (grading and the pre-submission check skip its tag)."""
+def _locked_cell(source: str, cell_id: str, grade_id: str, folded: bool = False) -> nbformat.NotebookNode:
+    """A read-only code cell that runs only in Jupyter (grading and the pre-submission check skip its tag);
+    `folded`: its code hidden behind its first line, in JupyterLab (source_hidden) and in Colab (a form's title)."""
     from nbgrader.utils import compute_checksum
 
     code = nbformat.v4.new_code_cell(source, id=cell_id)
     code.metadata = nbformat.from_dict({
         "deletable": False, "editable": False, "tags": [TAG],
+        **({"jupyter": {"source_hidden": True}, "cellView": "form"} if folded else {}),
         "nbgrader": {"cell_type": "code", "grade": False, "grade_id": grade_id, "locked": True,
                      "schema_version": 3, "solution": False, "task": False}})
     code.metadata.nbgrader["checksum"] = compute_checksum(code)
@@ -271,7 +275,7 @@ def _locked_cell(source: str, cell_id: str, grade_id: str) -> nbformat.NotebookN
 def header_cells(assignment: str) -> list[nbformat.NotebookNode]:
     """The two cells the release puts at the top of `assignment`'s student notebook."""
     text = nbformat.v4.new_markdown_cell(badges_markdown(assignment), id=MARKDOWN_ID)
-    return [text, _locked_cell(bootstrap_source(), CELL_ID, GRADE_ID)]
+    return [text, _locked_cell(bootstrap_source(), CELL_ID, GRADE_ID, folded=True)]
 
 
 HAND_IN = """\
@@ -299,12 +303,14 @@ FRAME_IDS = (MARKDOWN_ID, CELL_ID, HAND_IN_ID, CHECK_ID)
 
 
 def add_frame(path: Path, assignment: str) -> None:
-    """Put the header and footer cells around the student notebook at `path` (replacing older ones), and record
-    which assignment it is in its metadata, so that a renamed hand-in is still graded as that assignment."""
+    """Put the header cells below the student notebook's title (`# …`, its first cell) and the footer cells at its
+    end (replacing older ones), and record which assignment it is in its metadata, so that a renamed hand-in is
+    still graded as that assignment."""
     nb = nbformat.read(path, as_version=4)
     body = [c for c in nb.cells if c.get("id") not in FRAME_IDS]
     graded = bool(cells.points(body))  # notebook 00 has nothing to check or hand in
-    nb.cells = header_cells(assignment) + body + (footer_cells(assignment) if graded else [])
+    title = body[:1] if body and body[0].cell_type == "markdown" and body[0].source.startswith("# ") else []
+    nb.cells = title + header_cells(assignment) + body[len(title):] + (footer_cells(assignment) if graded else [])
     nb.metadata.setdefault("tml", {})["assignment"] = assignment
     nbformat.write(nb, path)
 

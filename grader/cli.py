@@ -87,12 +87,14 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from grader.report.columns import ColumnError, parse_columns
     from grader.report.lms import ExportError, RosterError, export, read_roster
     from grader.results import printable
 
     try:
-        done = export(args.graded, read_roster(args.roster, args.format), args.out, args.assignment or None)
-    except (RosterError, ExportError) as err:
+        done = export(args.graded, read_roster(args.roster, args.format), args.out, args.assignment or None,
+                      parse_columns(args.column or []), args.new_column)
+    except (RosterError, ExportError, ColumnError) as err:
         print(f"nothing exported: {printable(str(err))}", file=sys.stderr)
         return 2
     # Names, notes and assignments come from hand-ins and the roster: printed through the printable filter.
@@ -247,6 +249,12 @@ def build_parser() -> argparse.ArgumentParser:
     lms.add_argument("--format", required=True, choices=["canvas", "gradescope", "moodle"])
     lms.add_argument("--roster", required=True, type=Path, help="the LMS's own export of the class (see grader/report/lms.py)")
     lms.add_argument("--assignment", action="append", help="export only this assignment (repeatable)")
+    lms.add_argument("--column", action="append", metavar="ASSIGNMENT=COLUMN",
+                     help="the roster column (its exact header) that ASSIGNMENT fills, for Canvas and the Moodle "
+                          "gradebook (repeatable; default: the one column whose title fits the assignment's name)")
+    lms.add_argument("--new-column", action="store_true",
+                     help="write an assignment no roster column fits as a new column (Canvas's import then creates "
+                          "a new assignment); without it, that is an error")
     lms.add_argument("graded", type=Path, help="a folder autograde wrote (with grades.csv)")
     lms.add_argument("out", type=Path, help="the CSV to write (OUT.matching.csv lists every match beside it)")
     lms.set_defaults(run=_export)

@@ -1,4 +1,5 @@
-"""LMS exports: rosters read and checked, students matched by id / login / email, every file parses back to grades.csv.
+"""LMS exports: rosters read and checked, students matched by id / login / email, every file parses back to grades.csv,
+each assignment in the roster's own column for it (by its title or --column; a new one only with --new-column).
 
 Fast: the graded folder here is written directly (grades.csv and results.json through the grader's own writer);
 tests/test_report.py exports a really graded class of 53 to all three formats.
@@ -11,6 +12,7 @@ import pytest
 from conftest import PYTHON, REPO
 from instructor_class import FULL, ONE, A
 
+from grader.report.columns import ColumnError, parse_columns
 from grader.report.lms import ExportError, RosterError, export, match_students, read_roster
 from grader.report.outputs import write_outputs
 from grader.results import Note, NoteKind, Result
@@ -40,9 +42,9 @@ def write(path, rows):
     return path
 
 
-def canvas(tmp_path, extra=()):
+def canvas(tmp_path, extra=(), column=f"{ONE} (55)"):
     return write(tmp_path / "canvas.csv", [
-        ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", f"{ONE} (55)", "Quiz 1 (56)", "Current Score"],
+        ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", column, "Quiz 1 (56)", "Current Score"],
         ["    Points Possible", "", "", "", "", "10", "5", "(read only)"],
         ["Lovelace, Ada", "101", "S1", "alovelace", "A", "", "4", "80"],
         ["Chen, Bo", "102", "S2", "bchen", "A", "", "3", "60"],
@@ -74,6 +76,55 @@ def test_canvas_export_matches_by_id_then_login_and_parses_back(graded, tmp_path
     sidecar = list(csv.DictReader(open(tmp_path / "out.matching.csv")))
     assert [(r["outcome"][:7], r["student"], r["roster row"]) for r in sidecar if r["outcome"] != "matched"] == [
         ("hand-in", "stranger_999", ""), ("in the ", "", "8")]
+
+
+@pytest.mark.parametrize("title", ["01 Gradient descent", "01 – Gradient-Descent", "1", "01", "Gradient Descent",
+                                   ONE])
+def test_canvas_export_fills_the_column_of_the_canvas_assignment_whose_title_fits(graded, tmp_path, title):
+    done = export(graded, read_roster(canvas(tmp_path, column=f"{title} (123)"), "canvas"), tmp_path / "out.csv")
+    header, points, *rows = parse(tmp_path / "out.csv")
+    assert header[5:] == [f"{title} (123)"] and points[5:] == ["10"]  # Canvas's header: its import updates assignment 123
+    assert rows[0][5] == "10"
+    assert f"{ONE} fills the column '{title} (123)' (its title fits)" in done["notes"]
+
+
+def test_a_column_named_with_column_wins_and_several_fitting_columns_are_refused(graded, tmp_path):
+    roster = write(tmp_path / "two.csv", [["Student", "ID", "SIS Login ID", "Section", "01 (55)", "01 Gradient descent (123)",
+                                           "Quiz 1 (56)"], ["Lovelace, Ada", "101", "a", "A", "", "", ""]])
+    with pytest.raises(ColumnError, match=r"2 columns of .*two.csv fit 01_gradient_descent: '01 \(55\)', "
+                                          r"'01 Gradient descent \(123\)' — choose one with --column"):
+        export(graded, read_roster(roster, "canvas"), tmp_path / "out.csv")
+    done = export(graded, read_roster(roster, "canvas"), tmp_path / "out.csv",
+                  columns=parse_columns([f"{ONE}=01 Gradient descent (123)"]))
+    assert parse(tmp_path / "out.csv")[0][4:] == ["01 Gradient descent (123)"]
+    assert done["notes"] == [f"{ONE} fills the column '01 Gradient descent (123)' (--column)"]
+    with pytest.raises(ColumnError, match=r"--column 01_gradient_descent='Quiz 2': .* has no such assignment column "
+                                          r"\(it has '01 \(55\)', '01 Gradient descent \(123\)', 'Quiz 1 \(56\)'\)"):
+        export(graded, read_roster(roster, "canvas"), tmp_path / "out.csv", columns={ONE: "Quiz 2"})
+    with pytest.raises(ColumnError, match="02_autograd_graph is not an exported assignment"):
+        export(graded, read_roster(roster, "canvas"), tmp_path / "out.csv", columns={"02_autograd_graph": "01 (55)"})
+
+
+def test_no_fitting_column_is_refused_unless_a_new_column_is_asked_for(graded, tmp_path):
+    roster = read_roster(canvas(tmp_path, column="Quiz 2 (57)"), "canvas")
+    # (Quiz 1 is no fit for 01 by its number, and Current Score is no assignment column)
+    with pytest.raises(ColumnError, match=r"has no column for 01_gradient_descent \(its assignment columns: 'Quiz 2 \(57\)', "
+                                          r"'Quiz 1 \(56\)'\): create the assignment in Canvas and export the roster again"):
+        export(graded, roster, tmp_path / "out.csv")
+    assert not (tmp_path / "out.csv").exists()
+    done = export(graded, roster, tmp_path / "out.csv", new_columns=True)
+    header, points, *_ = parse(tmp_path / "out.csv")
+    assert header[5:] == [ONE] and points[5:] == ["10"]
+    assert done["notes"] == [f"{ONE} fills the column '{ONE}' (--new-column: Canvas's import creates a new assignment "
+                             "for it)"]
+
+
+@pytest.mark.parametrize("pairs, says", [(["01_gradient_descent"], "write ASSIGNMENT=COLUMN"),
+                                         (["=01 (55)"], "write ASSIGNMENT=COLUMN"),
+                                         (["a=1 (1)", "a=2 (2)"], "given twice")])
+def test_a_malformed_column_option_is_refused(pairs, says):
+    with pytest.raises(ColumnError, match=says):
+        parse_columns(pairs)
 
 
 def test_gradescope_export_has_gradescopes_export_columns(graded, tmp_path):
@@ -176,3 +227,8 @@ def test_the_export_command_exits_2_on_a_bad_roster_and_lists_the_unmatched(grad
                           str(graded), str(tmp_path / "x.csv")], cwd=REPO, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert "stranger_999" in run.stdout and "row 8: Nobody, Noah" in run.stdout
+    run = subprocess.run([PYTHON, "-m", "grader", "export", "--format", "canvas", "--roster", str(canvas(tmp_path)),
+                          "--column", f"{ONE}=Quiz 1 (56)", str(graded), str(tmp_path / "x.csv")], cwd=REPO,
+                         capture_output=True, text=True)
+    assert run.returncode == 0 and f"note: {ONE} fills the column 'Quiz 1 (56)' (--column)" in run.stdout, run.stderr
+    assert parse(tmp_path / "x.csv")[0][5:] == ["Quiz 1 (56)"]

@@ -1,5 +1,6 @@
 """Moodle in any language (issue 22 item 2): the worksheet and gradebook export read by what their columns hold, OUT.csv
 with the file's own headers, a Moodle-zip class matched by both routes, and a warning for a worksheet older than the grades.
+Issue 34: the gradebook's grade item that fits the assignment is the one filled; a worksheet takes no column option.
 
 The Spanish and German headers below follow Moodle's language packs where the research notes verified them (`ID` and
 `Teilnehmer/in`, `Identificador` and `Participante`, `La calificación puede cambiarse`); the others are stand-ins: the
@@ -8,8 +9,11 @@ reader never looks at a non-English header's words.
 
 import os
 
+import pytest
+from instructor_class import ONE
 from test_lms import graded, parse, write  # noqa: F401  (graded is a fixture)
 
+from grader.report.columns import ColumnError
 from grader.report.lms import export, read_roster
 from grader.report.moodle import english_header
 
@@ -50,6 +54,29 @@ def test_a_spanish_gradebook_export_matches_a_moodle_zip_class_by_full_name_and_
     assert [r[0] + ":" + r[-1] for r in rows] == ["Ada:10", "Bo:6.3", "Eve:8"]
     assert {m.student: m.how for m in done["matched"]} == {
         "Ada-Lovelace_101": "full name", "Bo-Chen_102": "full name", "eve@uni.example": "email (Dirección de correo)"}
+
+
+def test_a_gradebook_export_gets_the_grades_in_the_grade_item_whose_name_fits(graded, tmp_path):  # noqa: F811
+    book = write(tmp_path / "grades.csv", [
+        ["First name", "Last name", "ID number", "Institution", "Department", "Email address",
+         "Assignment: 01 Gradient descent (Real)", "Assignment: Quiz 1 (Real)", "Course total (Real)",
+         "Last downloaded from this course"],
+        ["Ada", "Lovelace", "", "Uni", "CS", "ada@uni.example", "-", "-", "-", "1700000000"]])
+    done = export(graded, read_roster(book, "moodle"), tmp_path / "out.csv")
+    header, *rows = parse(tmp_path / "out.csv")
+    assert header[6:] == ["Assignment: 01 Gradient descent (Real)"] and rows == [[*parse(book)[1][:6], "10"]]
+    assert done["notes"] == [f"{ONE} fills the column 'Assignment: 01 Gradient descent (Real)' (its title fits)"]
+    book = write(tmp_path / "other.csv", [parse(book)[0][:6] + ["Assignment: Quiz 1 (Real)"], parse(book)[1][:7]])
+    with pytest.raises(ColumnError, match="no column for 01_gradient_descent .*create the assignment in Moodle"):
+        export(graded, read_roster(book, "moodle"), tmp_path / "out.csv")
+
+
+def test_a_worksheet_is_its_own_assignments_column_so_column_options_are_refused(graded, tmp_path):  # noqa: F811
+    sheet = read_roster(worksheet(tmp_path / "sheet.csv"), "moodle")
+    for option in ({"columns": {ONE: "Bewertung"}}, {"new_columns": True}):
+        with pytest.raises(ColumnError, match="a Moodle grading worksheet, whose one grade column is its own Moodle "
+                                              "assignment's: --assignment chooses"):
+            export(graded, sheet, tmp_path / "out.csv", **option)
 
 
 def test_the_columns_are_found_by_what_they_hold():

@@ -17,15 +17,18 @@ Formats followed (header names exactly as below):
   student columns end with `Section` (`SIS User ID`, `SIS Login ID`, `Integration ID`, `Root Account`
   may come between), a row whose first cell contains "Points Possible" sets points for new assignments,
   students are found by ID, then SIS User ID, then SIS Login ID, then name; an assignment column titled
-  `Name (id)` updates that assignment, any other title creates a new one; a blank cell changes nothing.
-  OUT.csv: the roster's student columns up to `Section`, then one column per assignment (the roster's own
-  `01_gradient_descent (1234)` header when it has one), a Points Possible row, then the students.
+  `Title (id)` updates assignment `id`, one titled exactly like an existing assignment updates that one, any
+  other title creates a new assignment; columns naming Current / Final / Override Score, Points or Grade, or
+  Override Status, are skipped; a blank cell changes nothing.
+  OUT.csv: the roster's student columns up to `Section`, then one column per assignment under the roster's own
+  header (columns.py), a Points Possible row, then the students.
   Roster: Canvas's gradebook export (Grades → Export). Id: `ID` (Canvas user id, the number Canvas puts
   in submission file names) or `SIS User ID`; login: `SIS Login ID`.
 - moodle — two rosters are understood. (a) The gradebook export (Grades → Export → Plain text file:
   `First name, Last name (or Surname), ID number, Institution, Department, Email address, <grade items…>,
-  Last downloaded from this course`). OUT.csv: its identity columns plus one column per assignment (the
-  roster's `Assignment: <name>` item when it has one); import with Grades → Import → CSV file, "Map
+  Last downloaded from this course`), each grade item a column `<activity type>: <name> (<display type>)`
+  (grade/export/lib.php). OUT.csv: its identity columns plus one column per assignment under the roster's
+  own header (columns.py); import with Grades → Import → CSV file, "Map
   from: Email address → Map to: Email address" (grade/import/csv/classes/load_data.php in moodle/moodle
   maps users by id, idnumber, email or username). Id: `ID number` (the whole key only: the number in a
   key from a Moodle zip is the assignment's participant id, not an ID number); login: `Username`, when
@@ -33,7 +36,9 @@ Formats followed (header names exactly as below):
   submissions → Download grading worksheet: `Identifier, Full name, …, Grade, Maximum Grade, …,
   Last modified (grade), …`), whose `Identifier` is "Participant <the number in the zip's file names>":
   OUT.csv is the worksheet with `Grade` filled, for Upload grading worksheet
-  (mod/assign/feedback/offline/importgradeslib.php reads Identifier, Grade and Last modified (grade)).
+  (mod/assign/feedback/offline/importgradeslib.php reads Identifier, Grade and Last modified (grade)). A
+  worksheet belongs to one Moodle assignment and has one grade column: the course assignment that fills it is
+  grades.csv's only one, or the one `--assignment` names.
 - gradescope — Gradescope documents its roster CSV (help.gradescope.com, "Adding students and staff":
   a name — `Name` / `Full Name`, or `First Name` and `Last Name` — `Email` required, `SID` optional); we found no
   published Gradescope score-import format, so OUT.csv follows Gradescope's own grade export ("Download
@@ -41,6 +46,8 @@ Formats followed (header names exactly as below):
   Points`, `<name> - Submission Time`, `<name> - Lateness (H:M:S)`, and `Total Lateness (H:M:S)` — the
   layout tools that read Gradescope exports expect (e.g. gradelib's gradescope reader). Id: `SID`;
   email: `Email`.
+
+Which roster column each assignment fills (Canvas, Moodle gradebook): grader/report/columns.py.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ from pathlib import Path
 
 from grader.collect.submissions import slug
 from grader.report import moodle
+from grader.report.columns import columns_for
 from grader.results import csv_cell
 
 FORMATS = ("canvas", "gradescope", "moodle")
@@ -338,12 +346,6 @@ def _hms(hours: str) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-def _column_for(roster: Roster, assignment: str) -> str:
-    """The roster's own column for `assignment` when it has one (so the LMS updates it), else the name."""
-    pattern = re.compile(rf"(?:[^:]+:\s*)?{re.escape(assignment)}(?:\s*\([^()]*\))?", re.I)
-    return next((h for h in roster.header if pattern.fullmatch(h)), assignment)
-
-
 def _worksheet(roster: Roster, matches: list[Match], grades: dict[str, Grade | None], maximum: str,
                notes: list[str]) -> list[list[str]]:
     """The Moodle worksheet as it came (its own header), with Grade filled for every matched student."""
@@ -362,8 +364,10 @@ def _worksheet(roster: Roster, matches: list[Match], grades: dict[str, Grade | N
     return rows
 
 
-def export(graded: Path, roster: Roster, out: Path, assignments: list[str] | None = None) -> dict:
-    """Write OUT.csv for `roster`'s LMS and OUT.matching.csv; returns what was matched and what was not."""
+def export(graded: Path, roster: Roster, out: Path, assignments: list[str] | None = None,
+           columns: dict[str, str] | None = None, new_columns: bool = False) -> dict:
+    """Write OUT.csv for `roster`'s LMS and OUT.matching.csv; returns what was matched and what was not. `columns`
+    (--column) and `new_columns` (--new-column) choose the roster columns the assignments fill (columns.py)."""
     grades = read_grades(graded)
     known = sorted({a for by in grades.values() for a in by})
     chosen = assignments or known
@@ -381,13 +385,13 @@ def export(graded: Path, roster: Roster, out: Path, assignments: list[str] | Non
     maxima = {a: next(g[a].max_total for g in grades.values() if a in g) for a in chosen}
     rows: list[list[str]] = []
     notes: list[str] = []
+    filled = columns_for(roster.kind, roster.header, roster.path, chosen, columns or {}, new_columns, notes)
     if roster.kind == "canvas":
         identity = roster.header[:roster.header.index("Section") + 1]
-        columns = [_column_for(roster, a) for a in chosen]
-        rows.append(identity + columns)
+        rows.append(identity + filled)
         # An assignment Canvas has keeps its points possible (the import would change them); a new one gets ours.
         possible = [roster.points[roster.header.index(c)] if c in roster.header and len(roster.points) == len(roster.header)
-                    and roster.points[roster.header.index(c)] else maxima[a] for a, c in zip(chosen, columns)]
+                    and roster.points[roster.header.index(c)] else maxima[a] for a, c in zip(chosen, filled)]
         for a, value in zip(chosen, possible):
             if _number(value) != _number(maxima[a]):
                 notes.append(f"Canvas has {a} out of {value} points, grades.csv out of {maxima[a]}: "
@@ -399,7 +403,7 @@ def export(graded: Path, roster: Roster, out: Path, assignments: list[str] | Non
                         [grades[m.student][a].total if a in grades[m.student] else "" for a in chosen])
     elif roster.kind == "moodle-gradebook":
         identity = [c for c in roster.header if c in MOODLE_IDENTITY]
-        rows.append([roster.own(c) for c in identity] + [_column_for(roster, a) for a in chosen])
+        rows.append([roster.own(c) for c in identity] + filled)
         for m in sorted(matches, key=lambda m: m.row):
             row = roster.rows[m.row]
             rows.append([roster.cell(row, c) for c in identity] +

@@ -1,21 +1,27 @@
 """Moodle in any language (issue 22 item 2): the worksheet and gradebook export read by what their columns hold, OUT.csv
 with the file's own headers, a Moodle-zip class matched by both routes, and a warning for a worksheet older than the grades.
-Issue 34: the gradebook's grade item that fits the assignment is the one filled; a worksheet takes no column option.
+Issue 34: the gradebook's grade item that fits the assignment is the one filled, and the report and `export` say that a
+Moodle zip gives no hand-in times to check a due date against.
 
 The Spanish and German headers below follow Moodle's language packs where the research notes verified them (`ID` and
 `Teilnehmer/in`, `Identificador` and `Participante`, `La calificación puede cambiarse`); the others are stand-ins: the
 reader never looks at a non-English header's words.
 """
 
+import html
 import os
 
 import pytest
-from instructor_class import ONE
+from instructor_class import FULL, ONE, A
 from test_lms import graded, parse, write  # noqa: F401  (graded is a fixture)
 
+from grader.collect.deadlines import lateness, parse_config, settle
 from grader.report.columns import ColumnError
 from grader.report.lms import export, read_roster
 from grader.report.moodle import english_header
+from grader.report.outputs import write_outputs
+from grader.report.report import NO_HAND_IN_TIME, analyse, render
+from grader.results import Result
 
 
 def worksheet(path, people=(("101", "Ada Lovelace", "ada@uni.example"), ("102", "Bo Chen", "bo@uni.example"))):
@@ -79,6 +85,34 @@ def test_a_worksheet_is_its_own_assignments_column_so_column_options_are_refused
             export(graded, sheet, tmp_path / "out.csv", **option)
 
 
+@pytest.fixture
+def moodle_class(tmp_path):
+    """Three hand-ins from a Moodle zip (no hand-in time) and one with a time, 10 h late, all with a due date."""
+    config = parse_config(f'[due]\n{ONE} = "2030-01-15 23:59"\n[late]\nper_day = 10\n', [ONE])
+    rows = [settle(Result(student, ONE, dict(FULL), dict(FULL), submitted_at=time), lateness(config, student, ONE, time))
+            for student, time in (("Ada-Lovelace_101", ""), ("Bo-Chen_102", ""), ("Cy-Dee_103", ""),
+                                  ("timed_104", "2030-01-16 09:59"))]
+    (tmp_path / "graded").mkdir()
+    write_outputs(rows, {ONE: A}, tmp_path / "graded", report=False)
+    return rows, tmp_path / "graded"
+
+
+def test_the_report_says_moodle_gives_no_hand_in_times_and_blames_neither_release_nor_grader(moodle_class):
+    page = html.unescape(render(analyse([r.to_dict() for r in moodle_class[0]])))
+    # the look-at row of the three without a time explains it instead of suspecting the release or the grader
+    assert f"not checked against the due date 2030-01-15T23:59:00+00:00 <b>({NO_HAND_IN_TIME})</b></td><td class=n>3<" in page
+    assert "the release or the grader" not in page
+    assert (f"4 graded hand-ins had a due date; 3 of them have no hand-in time: {NO_HAND_IN_TIME}; of the 1 with a "
+            "hand-in time, 1 came after the due date, 1 lost points (1 in all).") in page
+
+
+def test_the_export_says_which_hand_ins_had_no_time_to_check_the_due_date_against(moodle_class, tmp_path):
+    sheet = worksheet(tmp_path / "sheet.csv", people=[(n, name, f"{n}@uni.example") for n, name in
+                                                      (("101", "Ada Lovelace"), ("102", "Bo Chen"), ("103", "Cy Dee"))])
+    done = export(moodle_class[1], read_roster(sheet, "moodle"), tmp_path / "out.csv")
+    assert done["notes"] == [f"3 exported hand-in(s) of {ONE} had a due date but no hand-in time: {NO_HAND_IN_TIME}"]
+
+
 def test_the_columns_are_found_by_what_they_hold():
     sheet = [["Identificador", "Nombre completo", "Estado", "Calificación", "Calificación máxima",
               "La calificación puede cambiarse", "Última modificación (entrega)", "Última modificación (calificación)",
@@ -103,8 +137,6 @@ def test_a_worksheet_older_than_the_grades_is_warned_about(graded, tmp_path):  #
 
 
 def test_a_roster_that_matches_nobody_is_refused(graded, tmp_path):  # noqa: F811
-    import pytest
-
     from grader.report.lms import ExportError
 
     sheet = worksheet(tmp_path / "other-class.csv", people=(("555", "Ann Other", "ann@else.example"),))

@@ -62,6 +62,7 @@ from pathlib import Path
 from grader.collect.submissions import slug
 from grader.report import moodle
 from grader.report.columns import columns_for
+from grader.report.report import NO_HAND_IN_TIME
 from grader.results import csv_cell
 
 FORMATS = ("canvas", "gradescope", "moodle")
@@ -298,22 +299,24 @@ class Grade:
     max_total: str
     late_by: str
     submitted: str = ""
+    due: str = ""  # the due date in effect ("" when none)
 
 
 def read_grades(graded: Path) -> dict[str, dict[str, Grade]]:
-    """student → assignment → Grade, from GRADED_DIR/grades.csv (and results.json for hand-in times)."""
+    """student → assignment → Grade, from GRADED_DIR/grades.csv (and results.json for hand-in times and due dates)."""
     path = graded / "grades.csv"
     if not path.is_file():
         raise ExportError(f"{graded}: no grades.csv — run `python -m grader autograde … --out {graded}` first")
     times = {}
     if (graded / "results.json").is_file():
         for r in json.loads((graded / "results.json").read_text(encoding="utf-8")):
-            times[r["student"], r["assignment"]] = (r.get("lateness") or {}).get("submitted") or r.get("submitted_at", "")
+            late = r.get("lateness") or {}
+            times[r["student"], r["assignment"]] = (late.get("submitted") or r.get("submitted_at", ""), late.get("due", ""))
     grades: dict[str, dict[str, Grade]] = {}
     with open(path, newline="", encoding="utf-8") as f:
         for row in csv.DictReader(f):
             grades.setdefault(row["student"], {})[row["assignment"]] = Grade(
-                row["total"], row["max_total"], row.get("late_by", ""), times.get((row["student"], row["assignment"]), ""))
+                row["total"], row["max_total"], row.get("late_by", ""), *times.get((row["student"], row["assignment"]), ("", "")))
     return grades
 
 
@@ -364,6 +367,13 @@ def _worksheet(roster: Roster, matches: list[Match], grades: dict[str, Grade | N
     return rows
 
 
+def _untimed(grades: dict[str, dict[str, Grade]], matches: list[Match], chosen: list[str]) -> list[str]:
+    """A note per assignment whose exported hand-ins had a due date but no hand-in time (a Moodle zip's)."""
+    counts = {a: sum(bool(g.due and not g.submitted) for m in matches if (g := grades[m.student].get(a))) for a in chosen}
+    return [f"{n} exported hand-in(s) of {a} had a due date but no hand-in time: {NO_HAND_IN_TIME}"
+            for a, n in counts.items() if n]
+
+
 def export(graded: Path, roster: Roster, out: Path, assignments: list[str] | None = None,
            columns: dict[str, str] | None = None, new_columns: bool = False) -> dict:
     """Write OUT.csv for `roster`'s LMS and OUT.matching.csv; returns what was matched and what was not. `columns`
@@ -384,7 +394,7 @@ def export(graded: Path, roster: Roster, out: Path, assignments: list[str] | Non
                           f"{', '.join(unmatched[:3])}{' …' if len(unmatched) > 3 else ''}): is it this class's roster?")
     maxima = {a: next(g[a].max_total for g in grades.values() if a in g) for a in chosen}
     rows: list[list[str]] = []
-    notes: list[str] = []
+    notes = _untimed(grades, matches, chosen)
     filled = columns_for(roster.kind, roster.header, roster.path, chosen, columns or {}, new_columns, notes)
     if roster.kind == "canvas":
         identity = roster.header[:roster.header.index("Section") + 1]

@@ -38,6 +38,10 @@ from grader.results import Note, NoteKind, points
 DISCRIMINATION = ("item–rest correlation: Pearson's r between the exercise's points and the rest of the hand-in's "
                   "points (raw total less this exercise) over graded hand-ins — the point-biserial correlation for an "
                   "all-or-nothing exercise; empty when either has no spread")
+# Why a hand-in with a due date has no lateness (the report's and `export`'s words; grader/collect/deadlines.py).
+NO_HAND_IN_TIME = ("Moodle's Download all submissions gives no hand-in times (nor does a folder without nbgrader's "
+                   "timestamp.txt), so no lateness was computed against the due date and no late penalty taken: "
+                   "check late hand-ins in Moodle's grading table")
 # The status table's rows: "ok", then every kind of note in NoteKind's order.
 ORDER = ["ok", *(kind.value for kind in NoteKind)]
 STYLE = """
@@ -108,7 +112,8 @@ def analyse(results: list[dict]) -> dict:
                             "why": f"zero points after a non-blank hand-in ({len(r['answered'])} answer cell(s) changed)"})
         late_note = r.get("lateness", {}).get("note", "")
         if graded and late_note.startswith("hand-in time"):
-            look_at.append({"student": r["student"], "assignment": r["assignment"], "why": late_note})
+            look_at.append({"student": r["student"], "assignment": r["assignment"], "why": late_note,
+                            "no_time": _no_time(r)})
     assignments = {}
     for name in sorted(by_assignment):
         rows = graded_rows.get(name, [])
@@ -123,6 +128,12 @@ def analyse(results: list[dict]) -> dict:
         "look_at": look_at,
         "similarity": similarity(results),
     }
+
+
+def _no_time(r: dict) -> bool:
+    """Whether the row had a due date but collection found no hand-in time (a Moodle zip's hand-in, or a folder's
+    without timestamp.txt)."""
+    return bool(r.get("lateness", {}).get("due")) and not r.get("submitted_at", "").strip()
 
 
 def _assignment(rows: list[dict], maxima: dict[str, float], row_count: int, whys: dict[str, str]) -> dict:
@@ -168,6 +179,8 @@ def _assignment(rows: list[dict], maxima: dict[str, float], row_count: int, whys
         "exercises": exercises,
         "lateness": {
             "with_due_date": sum(bool(r.get("lateness", {}).get("due")) for r in rows),
+            "no_time": sum(_no_time(r) for r in rows),
+            "timed": sum(bool(r.get("lateness", {}).get("submitted")) for r in rows),
             "late": len(late),
             "penalised": sum(r.get("penalty", 0) > 0 for r in rows),
             "points_taken": round(sum(r.get("penalty", 0) for r in rows), 2),
@@ -265,10 +278,17 @@ def render(data: dict) -> str:
     for x in data["look_at"]:
         groups[x["why"]].append(f"{x['student']}/{x['assignment']}")
     half = max(3, (data["graded"] + 1) // 2)
-    hint = " <b>(half the class or more: the release or the grader, not the students?)</b>"
+    # a note most of the class shares points at the release or the grader, except a missing time: Moodle gives none
+    no_time = {x["why"] for x in data["look_at"] if x.get("no_time")}
+
+    def hint(why: str, who: list[str]) -> str:
+        if why in no_time:
+            return f" <b>({_e(NO_HAND_IN_TIME)})</b>"
+        return " <b>(half the class or more: the release or the grader, not the students?)</b>" if len(who) >= half else ""
+
     parts.append("<h2>Look at these</h2>" + (
         "<table><tr><th>why</th><th>hand-ins</th><th>who (student/assignment)</th></tr>" + "".join(
-            f"<tr><td>{_e(why)}{hint if len(who) >= half else ''}</td><td class=n>{len(who)}</td>"
+            f"<tr><td>{_e(why)}{hint(why, who)}</td><td class=n>{len(who)}</td>"
             f"<td>{_students(who)}</td></tr>"
             for why, who in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])))
         + "</table>" if groups else "<p>nothing: no tampering, interference, timeouts, crashes, limits or grader errors, "
@@ -305,8 +325,14 @@ def render(data: dict) -> str:
                      f"<p class=muted>Discrimination: {_e(data['discrimination'])}.</p>")
         late = a["lateness"]
         if late["with_due_date"]:
-            parts.append(f"<h3>Lateness</h3><p>{late['with_due_date']} graded hand-ins had a due date; {late['late']} came "
-                         f"after it, {late['penalised']} lost points ({points(late['points_taken'])} in all).</p>")
+            said = [f"{late['with_due_date']} graded hand-ins had a due date"]
+            if late["no_time"]:
+                said.append(f"{late['no_time']} of them have no hand-in time: {NO_HAND_IN_TIME}")
+            if late["timed"]:
+                said.append(f"{'of the ' + str(late['timed']) + ' with a hand-in time, ' if late['no_time'] else ''}"
+                            f"{late['late']} came after the due date, {late['penalised']} lost points "
+                            f"({points(late['points_taken'])} in all)")
+            parts.append(f"<h3>Lateness</h3><p>{_e('; '.join(said))}.</p>")
             if late["students"]:
                 parts.append("<table><tr><th>student</th><th>late by (h)</th><th>penalty</th><th>why</th></tr>" + "".join(
                     f"<tr><td>{_e(s['student'])}</td><td class=n>{points(s['late_by_h'])}</td>"

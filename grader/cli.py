@@ -34,6 +34,7 @@ def _autograde(args: argparse.Namespace) -> int:
     from grader.collect.deadlines import ConfigError, load_config
     from grader.collect.submissions import CollectionError
     from grader.course import assignments
+    from grader.report.report import untimed_note
     from grader.results import printable, status_text
 
     if not args.submissions.exists():
@@ -72,6 +73,8 @@ def _autograde(args: argparse.Namespace) -> int:
           f"{len(flagged)} with a status note")
     for r in flagged:
         print(f"  {printable(r.student)}/{printable(r.assignment)}: {printable(status_text(r.status))}")
+    if note := untimed_note(results):
+        print(f"note: {note}")
     return 0
 
 

@@ -20,7 +20,7 @@ from grader.report.columns import ColumnError
 from grader.report.lms import export, read_roster
 from grader.report.moodle import english_header
 from grader.report.outputs import write_outputs
-from grader.report.report import NO_HAND_IN_TIME, analyse, render
+from grader.report.report import NO_HAND_IN_TIME, analyse, render, untimed_note
 from grader.results import Result
 
 
@@ -104,6 +104,11 @@ def test_the_report_says_moodle_gives_no_hand_in_times_and_blames_neither_releas
     assert "the release or the grader" not in page
     assert (f"4 graded hand-ins had a due date; 3 of them have no hand-in time: {NO_HAND_IN_TIME}; of the 1 with a "
             "hand-in time, 1 came after the due date, 1 lost points (1 in all).") in page
+
+
+def test_autograde_s_terminal_says_which_hand_ins_had_no_time_to_check_the_due_date_against(moodle_class):
+    assert untimed_note(moodle_class[0]) == f"3 hand-in(s) had a due date but no hand-in time: {NO_HAND_IN_TIME}"
+    assert untimed_note(moodle_class[0][3:]) == ""  # the one with a time
 
 
 def test_the_export_says_which_hand_ins_had_no_time_to_check_the_due_date_against(moodle_class, tmp_path):

@@ -149,9 +149,10 @@ Work through them in order, starting with `00_setup`.
 {rows}
 
 **Colab or Kaggle:** click its link (or the badges under the notebook's title), then run the **set-up cell** under
-them first (folded to one line: *Course set-up: run this cell first*): it installs this course's `helpers` with pip and changes no package the kernel already has (torch,
-numpy, matplotlib, ipywidgets …). On Kaggle, turn on *Settings → Internet* first. The course runs on
-`torch{s.torch_range}`; the set-up cell says so when the kernel's torch is outside that.
+them first (folded to one line: *Course set-up: run this cell first*): it installs this course's `helpers` with pip
+and changes no package the kernel already has (torch, numpy, matplotlib, ipywidgets …). On Kaggle, turn on
+*Settings → Internet* first. The course runs on `torch{s.torch_range}`; the set-up cell says so when the kernel's
+torch is outside that.
 
 **On your computer** (Python {course_project()['requires-python'].removeprefix('>=')} or newer):
 

@@ -33,7 +33,7 @@ from typing import cast
 
 from grader.report.page import html_page
 from grader.report.similarity import similarity
-from grader.results import Note, NoteKind, points
+from grader.results import Note, NoteKind, Result, points
 
 DISCRIMINATION = ("item–rest correlation: Pearson's r between the exercise's points and the rest of the hand-in's "
                   "points (raw total less this exercise) over graded hand-ins — the point-biserial correlation for an "
@@ -42,6 +42,14 @@ DISCRIMINATION = ("item–rest correlation: Pearson's r between the exercise's p
 NO_HAND_IN_TIME = ("Moodle's Download all submissions gives no hand-in times (nor does a folder without nbgrader's "
                    "timestamp.txt), so no lateness was computed against the due date and no late penalty taken: "
                    "check late hand-ins in Moodle's grading table")
+
+
+def untimed_note(results: list[Result]) -> str:
+    """What autograde's terminal says of hand-ins that had a due date but no hand-in time (a Moodle zip's), or ''."""
+    count = sum(bool(r.lateness.get("due") and not r.lateness.get("submitted")) for r in results)
+    return f"{count} hand-in(s) had a due date but no hand-in time: {NO_HAND_IN_TIME}" if count else ""
+
+
 # The status table's rows: "ok", then every kind of note in NoteKind's order.
 ORDER = ["ok", *(kind.value for kind in NoteKind)]
 STYLE = """

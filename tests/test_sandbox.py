@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from unix_users import as_user, python_for, unavailable
 
 from grader.batch.stopping import descendants
 from grader.judge.grading import Graded, run_notes
@@ -37,17 +38,11 @@ LIMITS = {"memory_bytes": 1024 * MiB, "address_space_bytes": 4096 * MiB, "disk_b
           "cpu_seconds": 8}
 
 
-def _unavailable(reason: str):
-    if os.environ.get("CI") == "true":
-        pytest.fail(reason)
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def server():
     problem = sandbox.why_unavailable()
     if problem:
-        _unavailable(f"the kernel sandbox cannot be built here: {problem}")
+        unavailable(f"the kernel sandbox cannot be built here: {problem}")
     srv = sandbox.ForkServer()
     srv.limits = dataclasses.replace(srv.limits, **LIMITS)
     yield srv
@@ -530,26 +525,7 @@ def test_cgroup_v2_files(tmp_path):
 # --- the same attacks with the grader started by an unprivileged user -----------------------------------------
 
 def _nobody(*argv: str) -> list[str]:
-    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv]
-
-
-def _python_for_nobody(folder: Path) -> str:
-    """An interpreter `nobody` can run with this environment's packages: this one, or a thin venv over them."""
-    check = subprocess.run(_nobody("/bin/sh", "-c", 'exec "$0" -c "import torch, grader.kernel.sandbox"', sys.executable),
-                           capture_output=True, cwd=REPO, check=False)
-    if check.returncode == 0:
-        return sys.executable
-    # e.g. a pyenv Python below /root: build a venv on a system Python of the same version
-    base = shutil.which(f"python{sys.version_info.major}.{sys.version_info.minor}", path="/usr/local/bin:/usr/bin")
-    if base is None:
-        _unavailable(f"no Python {sys.version_info.major}.{sys.version_info.minor} that nobody can run")
-    venv = folder / "venv"
-    subprocess.run(_nobody(base, "-m", "venv", "--without-pip", str(venv)), check=True)
-    site_packages = [p for p in sys.path if os.path.basename(p) == "site-packages"]
-    pth = next(venv.glob("lib/python*/site-packages")) / "course-env.pth"
-    subprocess.run(_nobody("/bin/sh", "-c", f"cat > {pth}"), check=True, text=True,
-                   input="".join(f"import site; site.addsitedir({p!r})\n" for p in site_packages))
-    return str(venv / "bin" / "python")
+    return as_user(65534, *argv)
 
 
 def test_attacks_hold_for_an_unprivileged_grader():
@@ -558,11 +534,11 @@ def test_attacks_hold_for_an_unprivileged_grader():
     if os.geteuid() != 0:
         pytest.skip("the suite already runs unprivileged")
     if shutil.which("setpriv") is None:
-        _unavailable("setpriv (util-linux) is needed to start the grader as nobody")
+        unavailable("setpriv (util-linux) is needed to start the grader as nobody")
     folder = Path(tempfile.mkdtemp(prefix="sandbox-nobody-"))  # in /tmp: nobody cannot reach pytest's tmp_path
     try:
         shutil.chown(folder, 65534, 65534)
-        python = _python_for_nobody(folder)
+        python = python_for(65534, folder)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(folder), "TMPDIR": str(folder),
                "PYTHONDONTWRITEBYTECODE": "1", UNPRIVILEGED_RUN: "1", "LANG": os.environ.get("LANG", "C.UTF-8")}
         if "CI" in os.environ:

@@ -30,7 +30,7 @@ def as_user(uid: int, *argv: str) -> list[str]:
 
 def python_for(uid: int, folder: Path) -> str:
     """An interpreter user `uid` can run with this environment's packages: this one, or a thin venv over them
-    in `folder` (e.g. for a pyenv Python below /root, which other users cannot reach)."""
+    in `folder`, owned by `uid` (e.g. for a pyenv Python below /root, which other users cannot reach)."""
     if shutil.which("setpriv") is None:
         unavailable("setpriv (util-linux) is needed to run commands as another user")
     check = subprocess.run(as_user(uid, "/bin/sh", "-c", 'exec "$0" -c "import torch, grader"', sys.executable),
@@ -46,8 +46,9 @@ def python_for(uid: int, folder: Path) -> str:
         site_packages = [p for p in sys.path if os.path.basename(p) == "site-packages"]
         pth = next(venv.glob("lib/python*/site-packages")) / "course-env.pth"
         pth.write_text("".join(f"import site; site.addsitedir({p!r})\n" for p in site_packages))
-        for path in (folder, *venv.rglob("*")):
-            os.chmod(path, os.stat(path).st_mode | 0o555 if path.is_dir() else os.stat(path).st_mode | 0o444)
+        for path in (venv, *venv.rglob("*")):  # the user's own, as if they made it: others may still read it
+            os.chown(path, uid, uid, follow_symlinks=False)
+        os.chmod(folder, os.stat(folder).st_mode | 0o555)
     return str(venv / "bin" / "python")
 
 

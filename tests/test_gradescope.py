@@ -21,6 +21,7 @@ import nbformat
 import pytest
 from conftest import PYTHON, REPO, artifacts
 from instructor_class import FULL, ONE, A
+from unix_users import in_child
 
 from grader.author.mutants import load_mutants, mutant_submission, reference_submission
 from grader.course import assignment_named, assignments
@@ -230,28 +231,20 @@ def test_the_student_kernel_launcher_drops_to_the_user_before_anything_runs(tmp_
     kernel = Path(tempfile.mkdtemp(prefix="kernel-"))  # where plain_kernel_factory puts a kernel's files
     connection = kernel / "connection.json"
     connection.write_text("{}")
-    read, write = os.pipe()
-    child = os.fork()
-    if child == 0:  # the launcher's steps, then what the kernel would find
+
+    def what_the_kernel_finds() -> dict:  # the launcher's steps, then what the kernel would find
+        os.environ["TML_STUDENT_UID"] = str(uid)
+        become_student(str(connection))
+        status = Path("/proc/self/status").read_text()
         try:
-            os.environ["TML_STUDENT_UID"] = str(uid)
-            become_student(str(connection))
-            status = Path("/proc/self/status").read_text()
-            try:
-                os.listdir(secret)
-                reached = "reached"
-            except PermissionError:
-                reached = "refused"
-            found = {"uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(), "cwd": os.getcwd(),
-                     "secret": reached, "no_new_privs": "NoNewPrivs:\t1" in status, "home": os.environ["HOME"]}
-        except BaseException as exc:
-            found = {"error": repr(exc)}
-        finally:
-            os.write(write, json.dumps(found).encode())
-            os._exit(0)
-    os.close(write)
-    os.waitpid(child, 0)
-    found = json.loads(os.read(read, 4096))
+            os.listdir(secret)
+            reached = "reached"
+        except PermissionError:
+            reached = "refused"
+        return {"uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(), "cwd": os.getcwd(),
+                "secret": reached, "no_new_privs": "NoNewPrivs:\t1" in status, "home": os.environ["HOME"]}
+
+    found = in_child(what_the_kernel_finds)
     try:
         assert found == {"uid": uid, "gid": uid, "groups": [], "cwd": str(kernel), "secret": "refused",
                          "no_new_privs": True, "home": str(kernel)}

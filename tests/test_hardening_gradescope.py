@@ -5,7 +5,6 @@ run_autograder; the canary and the set-up cells have time limits of their own, s
 --timeout still grades (a test that runs out of time says so in the hand-in's status) instead of exiting 4.
 """
 
-import json
 import os
 import shutil
 import signal
@@ -16,6 +15,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from test_gradescope import ONE, hand_in, unused_uid
+from unix_users import in_child
 
 from grader.judge import grading
 from grader.kernel import harness, sandbox
@@ -33,21 +33,13 @@ def test_the_kernels_environment_is_the_sandboxs_not_run_autograders(tmp_path, m
     uid = unused_uid()
     kernel = Path(tempfile.mkdtemp(prefix="kernel-"))
     (kernel / "connection.json").write_text("{}")
-    read, write = os.pipe()
-    child = os.fork()
-    if child == 0:
-        try:
-            os.environ.update(TML_STUDENT_UID=str(uid), GRADESCOPE_API_TOKEN="an instructor's secret")
-            become_student(str(kernel / "connection.json"), sandbox.kernel_env())
-            found = dict(os.environ)
-        except BaseException as exc:
-            found = {"error": repr(exc)}
-        finally:
-            os.write(write, json.dumps(found).encode())
-            os._exit(0)
-    os.close(write)
-    os.waitpid(child, 0)
-    found = json.loads(os.read(read, 65536))
+
+    def student_s_environment() -> dict:
+        os.environ.update(TML_STUDENT_UID=str(uid), GRADESCOPE_API_TOKEN="an instructor's secret")
+        become_student(str(kernel / "connection.json"), sandbox.kernel_env())
+        return dict(os.environ)
+
+    found = in_child(student_s_environment)
     shutil.rmtree(kernel)
     assert found == {**sandbox.kernel_env(), "HOME": str(kernel), "USER": "tml-student", "LOGNAME": "tml-student",
                      "MPLCONFIGDIR": str(kernel / ".matplotlib")}

@@ -5,11 +5,12 @@ login) for a test that needs names too, and removes them afterwards.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -71,3 +72,23 @@ def accounts(*names: str) -> Iterator[dict[str, int]]:
     finally:
         for name in names:
             subprocess.run(["userdel", name], check=False, capture_output=True)
+
+
+def in_child(step: Callable[[], dict]) -> dict:
+    """What `step` returns when run in a forked child (one that may give up root for good), through a pipe as
+    JSON; {"error": …} when it raises."""
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:
+        found: dict = {"error": "no result"}
+        try:
+            found = step()
+        except BaseException as exc:
+            found = {"error": repr(exc)}
+        finally:
+            os.write(write, json.dumps(found).encode())
+            os._exit(0)
+    os.close(write)
+    os.waitpid(child, 0)
+    with os.fdopen(read, "rb") as pipe:
+        return json.loads(pipe.read())

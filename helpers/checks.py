@@ -7,6 +7,10 @@ shape (sign flipped, constant factor, wrong shape) — what to look at.
 In a notebook a failed check shows only its message, without the frames of this module: IPython
 renders an exception that defines `_render_traceback_()` with the lines it returns.
 
+Each visible test runs inside `with exercise_test(N, "name"):`, so a blank answer reads "exercise N (`name`)
+is not answered yet", a name lost in a kernel restart says to run its cell, and an error inside the answer is
+named with the answer's own line, not a page of torch's frames.
+
 A test that calls an earlier exercise's function checks that function first, inside
 `with earlier_exercise(N, "name"):`, so a mistake there is reported as "exercise N (`name`) is wrong —
 fix it first", not blamed on the exercise under test.
@@ -15,7 +19,9 @@ fix it first", not blamed on the exercise under test.
 from __future__ import annotations
 
 import contextlib
+import linecache
 import math
+import types
 from collections.abc import Callable, Iterator, Mapping
 
 import torch
@@ -43,6 +49,68 @@ class ExerciseNotImplementedError(NotImplementedError):
         return _message_only(self)
 
 
+class ExerciseNotAnswered(NotImplementedError):
+    """The exercise under test is still the stub; shown as its message alone (notebook 01)."""
+
+    def _render_traceback_(self) -> list[str]:
+        return _message_only(self)
+
+
+def _is_cell(filename: str) -> bool:
+    """Whether code compiled from `filename` is a notebook cell (ipykernel's cell files or IPython's inputs)."""
+    return "ipykernel_" in filename or filename.startswith("<ipython-input")
+
+
+def _answer_frames(tb: types.TracebackType | None) -> list[tuple[types.CodeType, int]]:
+    """The frames of `tb` in the student's own cells, after the first (the test cell that holds the `with`)."""
+    frames = []
+    while tb is not None:
+        if _is_cell(tb.tb_frame.f_code.co_filename):
+            frames.append((tb.tb_frame.f_code, tb.tb_lineno))
+        tb = tb.tb_next
+    return frames[1:]
+
+
+def _where(frames: list[tuple[types.CodeType, int]]) -> str:
+    """'in `f`, line N: code' for the deepest of the student's frames, where the error arose."""
+    if not frames:
+        return ""
+    code, line = frames[-1]
+    text = linecache.getline(code.co_filename, line).strip()
+    return f"\n  in `{code.co_name}`, line {line}" + (f": {text}" if text else "")
+
+
+@contextlib.contextmanager
+def exercise_test(number: int, name: str) -> Iterator[None]:
+    """Run exercise `number`'s visible checks, naming a blank, missing or crashing answer without a traceback (notebook 01).
+
+    The stub's NotImplementedError becomes ExerciseNotAnswered; `name` undefined (a restarted kernel) says to
+    run its cell; any other error raised by the answer becomes a CheckFailure naming it and the answer's line.
+    """
+    try:
+        yield
+    except ExerciseNotImplementedError:
+        raise
+    except NotImplementedError:
+        raise ExerciseNotAnswered(
+            f"exercise {number} (`{name}`) is not answered yet: replace the `raise NotImplementedError` in its "
+            "cell with your answer, run that cell, then this one.") from None
+    except NameError as error:
+        if _answer_frames(error.__traceback__):  # raised inside the answer: the answer's own mistake
+            raise CheckFailure(f"exercise {number} (`{name}`) raised NameError: {error}"
+                               f"{_where(_answer_frames(error.__traceback__))}") from None
+        if error.name == name:
+            raise CheckFailure(f"`{name}` is not defined in this kernel: run exercise {number}'s answer cell "
+                               "(after a kernel restart, run the notebook from the top).") from None
+        raise CheckFailure(f"`{error.name}` is not defined in this kernel: run the cells above this one first "
+                           "(after a kernel restart, Run → Run All Above Selected Cell).") from None
+    except CheckFailure:
+        raise
+    except Exception as error:  # the answer crashed: name the error and where, without torch's frames
+        raise CheckFailure(f"exercise {number} (`{name}`) raised {type(error).__name__}: {error}"
+                           f"{_where(_answer_frames(error.__traceback__))}") from None
+
+
 @contextlib.contextmanager
 def earlier_exercise(number: int, name: str) -> Iterator[None]:
     """Blame what fails inside the block on exercise `number` (`name`), which the current test uses (notebook 01).
@@ -60,6 +128,19 @@ def earlier_exercise(number: int, name: str) -> Iterator[None]:
     except Exception as error:  # any error of the earlier answer is that answer's to fix
         raise CheckFailure(f"exercise {number} (`{name}`) is wrong — fix it first (this test uses it). It raised "
                            f"{type(error).__name__}: {error}") from None
+
+
+def note_rebound(names: Mapping[str, object], **course: torch.Tensor) -> None:
+    """Say which course tensors a student's cell has rebound; the visible checks use the rebuilt ones (notebook 01).
+
+    Call as `note_rebound(globals(), X=X_course, y=y_course)`: reusing a name for your own experiments is fine.
+    """
+    for name, fresh in course.items():
+        held = names.get(name)
+        if not (isinstance(held, torch.Tensor) and held.shape == fresh.shape and held.dtype == fresh.dtype
+                and torch.equal(held, fresh)):
+            print(f"Note: `{name}` no longer holds the course data (a cell of yours rebound it — that is fine); "
+                  "these checks use the course data, rebuilt.")
 
 
 def fail(message: str) -> None:

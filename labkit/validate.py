@@ -68,7 +68,7 @@ def validate_notebook(path: str | Path, timeout: int = 120, cwd: str | Path | No
         errors = [o for o in cell.outputs if o.output_type == "error"]
         if not errors:
             results[info["grade_id"]] = ""
-        elif errors[0].ename == "NotImplementedError":
+        elif errors[0].ename in ("NotImplementedError", "ExerciseNotAnswered"):  # helpers.checks.exercise_test
             results[info["grade_id"]] = f"{NOT_ANSWERED} (the answer cell still raises NotImplementedError)"
         elif errors[0].ename == "ExerciseNotImplementedError":  # helpers.checks.earlier_exercise
             results[info["grade_id"]] = f"{WAITING}: {errors[0].evalue}"

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from helpers.checks import (
     CheckFailure,
+    ExerciseNotAnswered,
     ExerciseNotImplementedError,
     autograd_grad,
     check,
@@ -17,6 +18,8 @@ from helpers.checks import (
     constant_factor,
     describe_mismatch,
     earlier_exercise,
+    exercise_test,
+    note_rebound,
 )
 
 
@@ -113,6 +116,42 @@ def test_an_earlier_exercise_is_blamed_for_its_own_mistakes():
         pass  # a correct earlier answer is silent
 
 
+def in_cell(source: str, number: int, env: dict) -> None:
+    """Run `source` as if from notebook cell `number` (ipykernel's file names; linecache holds the text)."""
+    import linecache
+
+    filename = f"/tmp/ipykernel_1/{number}.py"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), env)
+
+
+def test_a_blank_missing_or_crashing_answer_is_named_without_frames():
+    answers: dict = {}
+    in_cell("def mse_grad(w, X, y):\n    raise NotImplementedError()\n", 10, answers)
+    test = "with exercise_test(1, 'mse_grad'):\n    mse_grad(1, 2, 3)\n"
+    with pytest.raises(ExerciseNotAnswered, match=r"exercise 1 \(`mse_grad`\) is not answered yet") as caught:
+        in_cell(test, 11, {**answers, "exercise_test": exercise_test})
+    assert isinstance(caught.value, NotImplementedError) and "File " not in "".join(caught.value._render_traceback_())
+    with pytest.raises(CheckFailure, match=r"`mse_grad` is not defined in this kernel: run exercise 1's answer cell"):
+        in_cell(test, 12, {"exercise_test": exercise_test})  # a restarted kernel: the answer cell never ran
+    with pytest.raises(CheckFailure, match=r"`X_course` is not defined in this kernel: run the cells above"):
+        in_cell("with exercise_test(1, 'mse_grad'):\n    X_course\n", 13, {"exercise_test": exercise_test})
+    in_cell("def mse_grad(w, X, y):\n    n = X.shape[0]\n    return 2 * X @ (X @ w - y) / n\n", 14, answers)
+    with pytest.raises(CheckFailure) as caught:
+        in_cell("with exercise_test(1, 'mse_grad'):\n    mse_grad(torch.ones(3), torch.ones(4, 3), torch.ones(4))\n",
+                15, {**answers, "exercise_test": exercise_test, "torch": torch})
+    message = str(caught.value)
+    assert message.startswith("exercise 1 (`mse_grad`) raised RuntimeError"), message
+    assert "in `mse_grad`, line 3: return 2 * X @ (X @ w - y) / n" in message, message
+    in_cell("def mse_grad(w, X, y):\n    return wrong_name\n", 16, answers)
+    with pytest.raises(CheckFailure, match=r"raised NameError: name 'wrong_name' is not defined\n  in `mse_grad`, line 2"):
+        in_cell(test, 17, {**answers, "exercise_test": exercise_test})
+    with exercise_test(1, "mse_grad"):
+        pass  # a correct answer is silent
+    with pytest.raises(CheckFailure, match="factor of 2"), exercise_test(1, "mse_grad"):
+        check_tensor(2 * torch.ones(3), torch.ones(3), name="mse_grad")  # a failed check passes through unchanged
+
+
 @pytest.mark.slow
 def test_a_kernel_shows_a_failed_check_without_frames_of_the_helpers():
     """In a real kernel the error output of a failed check is its message: no helpers/checks.py frame."""
@@ -122,19 +161,38 @@ def test_a_kernel_shows_a_failed_check_without_frames_of_the_helpers():
     from labkit.runner import NotebookRunner
 
     nb = nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_code_cell("import torch\nfrom helpers.checks import check_tensor, earlier_exercise"),
+        nbformat.v4.new_code_cell("import torch\nfrom helpers.checks import check_tensor, earlier_exercise, exercise_test"),
         nbformat.v4.new_code_cell("check_tensor(torch.ones(2) * 2, torch.ones(2), name='mse_grad(w, X, y)')"),
         nbformat.v4.new_code_cell("with earlier_exercise(1, 'mse_grad'):\n"
                                   "    check_tensor(-torch.ones(2), torch.ones(2), name='mse_grad')"),
         nbformat.v4.new_code_cell("def stub():\n    raise NotImplementedError()\n"
                                   "with earlier_exercise(1, 'mse_grad'):\n    stub()"),
+        nbformat.v4.new_code_cell("with exercise_test(2, 'stub'):\n    stub()"),
+        nbformat.v4.new_code_cell("def crash(X):\n    return X @ X\n"),
+        nbformat.v4.new_code_cell("with exercise_test(3, 'crash'):\n    crash(torch.ones(2, 3))"),
     ])
     NotebookRunner(nb, timeout=60, kernel_name="python3", allow_errors=True,
                    resources={"metadata": {"path": str(REPO)}}).execute()
-    errors = [next(o for o in cell.outputs if o.output_type == "error") for cell in nb.cells[1:]]
-    for error, (ename, words) in zip(errors, [("CheckFailure", "off by a factor of 2"),
-                                              ("CheckFailure", "exercise 1 (`mse_grad`) is wrong — fix it first"),
-                                              ("ExerciseNotImplementedError", "is not written yet")]):
+    errors = [next(o for o in cell.outputs if o.output_type == "error") for cell in nb.cells[1:] if cell.outputs]
+    expected = [("CheckFailure", "off by a factor of 2"),
+                ("CheckFailure", "exercise 1 (`mse_grad`) is wrong — fix it first"),
+                ("ExerciseNotImplementedError", "is not written yet"),
+                ("ExerciseNotAnswered", "exercise 2 (`stub`) is not answered yet"),
+                ("CheckFailure", "exercise 3 (`crash`) raised RuntimeError")]
+    assert len(errors) == len(expected)
+    assert "in `crash`, line 2: return X @ X" in errors[-1].evalue  # the answer's own line, found in a real kernel
+    for error, (ename, words) in zip(errors, expected):
         shown = "\n".join(error.traceback)
         assert error.ename == ename and words in error.evalue and words in shown
         assert "checks.py" not in shown and "File " not in shown and "Traceback" not in shown, shown
+
+
+def test_a_rebound_course_tensor_is_named_and_an_untouched_one_is_not(capsys):
+    X_course = torch.arange(6.0).reshape(3, 2)
+    note_rebound({"X": X_course.clone(), "y": torch.ones(3)}, X=X_course, y=torch.ones(3))
+    assert capsys.readouterr().out == ""
+    note_rebound({"X": X_course[:2], "y": torch.ones(3, dtype=torch.float64)}, X=X_course, y=torch.ones(3))
+    out = capsys.readouterr().out
+    assert "`X` no longer holds the course data" in out and "`y` no longer holds the course data" in out
+    note_rebound({}, X=X_course)
+    assert "`X` no longer holds" in capsys.readouterr().out  # deleted counts as rebound

@@ -286,6 +286,10 @@ def _unpacked(submissions: Path, run: _Run, only: str | None) -> Iterator[Path]:
             print(f"{len(unpacked.skipped)} file(s) in {printable(submissions.name)} not unpacked:", file=sys.stderr)
             for line in unpacked.skipped:
                 print(f"  {printable(line)}", file=sys.stderr)
+        if unpacked.renamed:  # two students whose names become one key once made safe: each keeps a key of its own
+            print(f"{len(unpacked.renamed)} student(s) in {printable(submissions.name)} keyed apart:", file=sys.stderr)
+            for line in unpacked.renamed:
+                print(f"  {printable(line)}", file=sys.stderr)
         yield unpacked.root
     finally:
         remove_tree(root)

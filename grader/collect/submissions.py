@@ -26,6 +26,7 @@ import re
 import stat
 import zipfile
 import zlib
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -38,6 +39,8 @@ from grader.results import Note, NoteKind, printable
 MAX_ZIP_BYTES = 2 * 2**30
 MAX_NOTEBOOK_BYTES = 128 * 2**20  # saved outputs make notebooks big; only the cells' sources are used
 MAX_ENTRIES = 2000  # files looked at per hand-in folder
+MAX_MEMBERS = 100_000  # files in an LMS zip: a class of a thousand, each with a hundred files
+SHOWN_CHARS = 200  # of a member's name, in the list of members left out
 # Canvas: <lastfirst>[_LATE]_<user id>_<submission id>_<original file name>
 CANVAS_NAME = re.compile(r"^(?P<student>[^_/]+)(?P<late>_late)?_(?P<user>\d+)_\d+_(?P<file>.+)$", re.I)
 # Moodle: one folder per participant and plugin, "<Full Name>_<participant>_assignsubmission_file_/<file>" (newer
@@ -111,10 +114,12 @@ class CollectionError(ValueError):
 
 @dataclass
 class Unpacked:
-    """Where unpack_zip put the hand-ins, and every zip member it left out, as `name (why)`."""
+    """Where unpack_zip put the hand-ins, every zip member it left out, as `name (why)`, and every student whose
+    key was made unique because another student's name becomes the same key once made safe."""
 
     root: Path
     skipped: list[str] = field(default_factory=list)
+    renamed: list[str] = field(default_factory=list)
 
 
 class _Placed(NamedTuple):
@@ -123,18 +128,40 @@ class _Placed(NamedTuple):
     file_name: str
     why: str = ""  # why it was skipped
     timed: bool = True  # whether the layout's member time is a hand-in time (Moodle's is not)
+    who: str = ""  # the student as the zip names them, before it is made safe (`student`)
 
 
 def _skip(why: str) -> _Placed:
     return _Placed("", "", "", why)
 
 
-def _unsafe_member(name: str) -> str:
-    """Why a member's path is not unpacked, or ''."""
+def _path(member: zipfile.ZipInfo) -> str:
+    """A member's path with "/" between folders: zips made on Windows may write "\\"."""
+    return member.filename.replace("\\", "/")
+
+
+def _unsafe_member(member: zipfile.ZipInfo) -> str:
+    """Why a member is not unpacked, or '': its path, or what it is (only regular files are; a link never)."""
+    name = _path(member)
     path = PurePosixPath(name)
     if name.startswith("__MACOSX"):
         return "macOS metadata"
-    return "unsafe path" if path.is_absolute() or ".." in path.parts else ""
+    if path.is_absolute() or ".." in path.parts or re.match(r"^[A-Za-z]:", name):  # a drive letter: absolute too
+        return "unsafe path"
+    mode = member.external_attr >> 16  # Unix's st_mode, where the zip was made on Unix
+    if stat.S_ISLNK(mode):
+        return "a link: not followed"
+    if stat.S_ISDIR(mode) or member.external_attr & 0x10:  # 0x10: MS-DOS's folder attribute
+        return "a folder"
+    return "a special file" if stat.S_IFMT(mode) and not stat.S_ISREG(mode) else ""
+
+
+def _shown(member: zipfile.ZipInfo, why: str) -> str:
+    """`name (why)`, a very long name cut short."""
+    name = member.filename
+    if len(name) > SHOWN_CHARS:
+        name = f"{name[:SHOWN_CHARS - 50]}… ({len(name)} characters)"
+    return f"{name} ({why})"
 
 
 def unpack_zip(archive: Path, into: Path, known: list[Assignment], only: str | None = None) -> Unpacked:
@@ -163,12 +190,15 @@ def unpack_zip(archive: Path, into: Path, known: list[Assignment], only: str | N
 
 
 def _extract(zf: zipfile.ZipFile, archive: Path, into: Path, known: list[Assignment], only: str | None) -> Unpacked:
+    if len(zf.infolist()) > MAX_MEMBERS:
+        raise CollectionError(f"{archive.name} holds more than {MAX_MEMBERS} files; refusing")
     members = [m for m in zf.infolist() if not m.is_dir()]
-    unpacked = Unpacked(into, [f"{m.filename} ({why})" for m in members if (why := _unsafe_member(m.filename))])
-    members = [m for m in members if not _unsafe_member(m.filename)]
+    unpacked = Unpacked(into, [_shown(m, why) for m in members if (why := _unsafe_member(m))])
+    members = [m for m in members if not _unsafe_member(m)]
     if sum(m.file_size for m in members) > MAX_ZIP_BYTES:
-        raise CollectionError(f"{archive.name} unpacks to more than {MAX_ZIP_BYTES // 2**30} GiB; refusing")
-    parts = [PurePosixPath(m.filename).parts for m in members]
+        size = f"{MAX_ZIP_BYTES // 2**30} GiB" if MAX_ZIP_BYTES >= 2**30 else f"{MAX_ZIP_BYTES} bytes"
+        raise CollectionError(f"{archive.name} unpacks to more than {size}; refusing")
+    parts = [PurePosixPath(_path(m)).parts for m in members]
     tops = {p[0] for p in parts if len(p) > 1}
     wrapped = len(tops) == 1 and not MOODLE_FOLDER.match(next(iter(tops)))  # never a Moodle participant's folder
     # an instructor's zip of <student>/<assignment>/<file>, or of Moodle's download, inside one more folder
@@ -180,12 +210,14 @@ def _extract(zf: zipfile.ZipFile, archive: Path, into: Path, known: list[Assignm
 
     # a member nearer the top of an upload comes first, so a same-named file in a folder below it is the one left out
     placed = sorted(((m, _place(p[strip:], known, content(m))) for m, p in zip(members, parts)),
-                    key=lambda mp: mp[0].filename.count("/"))
+                    key=lambda mp: _path(mp[0]).count("/"))
     targets = {p.assignment for _, p in placed if p.assignment}
     single = only or (next(iter(targets)) if len(targets) == 1 else None)
+    keys = _unique_keys([p for _, p in placed], unpacked.renamed)
     times: dict[str, str] = {}
     kept = 0
-    for member, (student, assignment, file_name, why, timed) in placed:
+    for member, (student, assignment, file_name, why, timed, who) in placed:
+        student = keys.get((student, who), student)
         assignment = assignment or single or "unmatched-upload"
         target = into / student / assignment / file_name
         if not student:
@@ -195,7 +227,7 @@ def _extract(zf: zipfile.ZipFile, archive: Path, into: Path, known: list[Assignm
         elif not target.resolve().is_relative_to(into.resolve()):
             why = "unsafe path"
         if why:
-            unpacked.skipped.append(f"{member.filename} ({why})")
+            unpacked.skipped.append(_shown(member, why))
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
         with zf.open(member) as src, open(target, "wb") as dst:
@@ -208,6 +240,27 @@ def _extract(zf: zipfile.ZipFile, archive: Path, into: Path, known: list[Assignm
         raise CollectionError(_nothing_found(archive, unpacked.skipped))
     (into / COLLECTION_TIMES).write_text(json.dumps(times, indent=1, sort_keys=True))
     return unpacked
+
+
+def _unique_keys(placed: list[_Placed], renamed: list[str]) -> dict[tuple[str, str], str]:
+    """(key, name in the zip) -> a key of its own, for students whose names become one key once made safe (case,
+    accents, NFC against NFD, invisible or RTL characters): each gets its name's hash after the key, and a line in
+    `renamed`. Case counts as a collision too: on macOS and Windows "Ann" and "ann" are one folder."""
+    names: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    for p in placed:
+        if p.student:
+            names[p.student.casefold()].add((p.student, p.who))
+    keys: dict[tuple[str, str], str] = {}
+    for group in names.values():
+        if len(group) < 2:
+            continue
+        for student, who in sorted(group):
+            raw = who.encode("utf-8", errors="surrogatepass")
+            keys[student, who] = f"{student[:118]}+{hashlib.sha256(raw).hexdigest()[:8]}"
+            others = sorted(repr(w) for s, w in group if w != who)
+            renamed.append(f"{who!r} keyed {keys[student, who]}: {' and '.join(others)} would have the same key "
+                           f"{student}")
+    return keys
 
 
 def _nothing_found(archive: Path, skipped: list[str]) -> str:
@@ -247,14 +300,15 @@ def _place(part: tuple[str, ...], known: list[Assignment], content: Callable[[],
         if moodle.group("plugin") != "file":
             return _skip(f"Moodle {moodle.group('plugin')} submission, not an uploaded file")
         name = part[-1] if len(part) >= 2 else moodle.group("file")
-        return _Placed(slug(f"{moodle.group('student')}_{moodle.group('user')}"), assignment(name), slug(name), timed=False)
+        who = f"{moodle.group('student')}_{moodle.group('user')}"
+        return _Placed(slug(who), assignment(name), slug(name), timed=False, who=who)
     if len(part) >= 3:  # <student>/<assignment>/<file>
         student, folder = slug(part[0]), slug(part[1])
-        return _Placed(student, folder, file_name) if student and folder else _skip("unsafe name")
+        return _Placed(student, folder, file_name, who=part[0]) if student and folder else _skip("unsafe name")
     if not canvas:
         return _skip("fits no known layout")
-    return _Placed(slug(f"{canvas.group('student')}_{canvas.group('user')}"), assignment(canvas.group("file")),
-                   slug(canvas.group("file")))
+    who = f"{canvas.group('student')}_{canvas.group('user')}"
+    return _Placed(slug(who), assignment(canvas.group("file")), slug(canvas.group("file")), who=who)
 
 
 # --- folders ----------------------------------------------------------------------------------------------
@@ -318,7 +372,9 @@ def _hand_in(student: str, assignment: Assignment, folder: Path, known: list[Ass
     chosen = (exact or renamed or alone or by_content)[:1]
     if not chosen:
         names = ", ".join(printable(p.name) for p, _ in notebooks[:5]) or "no notebook"
-        sub.problem = Note(NoteKind.MISSING, f"missing notebook {assignment.notebook} (found: {names})")
+        others = [printable(p.name) for p, _ in files if p.suffix != ".ipynb"]  # a zip of the notebook, a .py …
+        besides = f"; other files: {', '.join(others[:5])}" + (" …" if len(others) > 5 else "") if others else ""
+        sub.problem = Note(NoteKind.MISSING, f"missing notebook {assignment.notebook} (found: {names}){besides}")
         return sub
     path, info = chosen[0]
     if info.st_size > MAX_NOTEBOOK_BYTES:

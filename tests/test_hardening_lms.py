@@ -1,0 +1,211 @@
+"""Hostile LMS zips (issue 36 item 8): members that are links, folders or special files, unsafe paths written the
+Windows way, names that collide once made safe (case, Unicode normalisation, invisible and RTL characters), very long
+names, bombs and nested zips. Nothing is written outside the output folder, nothing is followed through a link, no
+student's hand-in is graded as another's, every member left out is named with why, and every name shown is safe.
+
+Unit-level: the collector on zips built in memory, no kernel."""
+
+import stat
+import sys
+import unicodedata
+import zipfile
+from types import SimpleNamespace
+
+import nbformat
+import pytest
+
+from grader.author.mutants import reference_submission
+from grader.collect import submissions
+from grader.collect.submissions import CollectionError, collect, unpack_zip
+from grader.course import assignment_named, assignments
+
+ONE = "01_gradient_descent"
+A = assignment_named(ONE)
+NOTEBOOK = nbformat.writes(reference_submission(A))
+
+
+def member(name: str, mode: int = stat.S_IFREG | 0o644) -> zipfile.ZipInfo:
+    info = zipfile.ZipInfo(name, date_time=(2030, 1, 15, 12, 0, 0))
+    info.external_attr = mode << 16
+    info.create_system = 3  # unix: the mode bits are read
+    return info
+
+
+def build(path, members):
+    """`members`: (ZipInfo or name, text) pairs; a name may repeat."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for info, text in members:
+            if isinstance(info, str):
+                info = member(info)
+            with pytest.warns(UserWarning) if info.filename in zf.NameToInfo else _nothing():
+                zf.writestr(info, text)
+    return path
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def unpacked(tmp_path, members):
+    result = unpack_zip(build(tmp_path / "lms.zip", members), tmp_path / "out" / "unpacked", assignments())
+    found = {(s.student, s.assignment): s for s in collect(result.root, assignments())}
+    return found, result
+
+
+def everything_under(folder):
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def test_a_member_that_is_a_link_is_named_and_never_written_or_followed(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the instructor's own file")
+    found, result = unpacked(tmp_path, [
+        (member(f"ann_1_2_{A.notebook}", stat.S_IFLNK | 0o777), str(secret)),
+        (member(f"bob/{ONE}/{A.notebook}", stat.S_IFLNK | 0o777), f"../../ann_1/{ONE}/{A.notebook}"),
+        (f"cid_3_4_{A.notebook}", NOTEBOOK),
+    ])
+    assert sorted(result.skipped) == sorted([
+        f"ann_1_2_{A.notebook} (a link: not followed)", f"bob/{ONE}/{A.notebook} (a link: not followed)"])
+    assert set(found) == {("cid_3", ONE)}
+    assert not any(p.is_symlink() for p in result.root.rglob("*"))
+
+
+@pytest.mark.parametrize("kind, why", [(stat.S_IFDIR, "a folder"), (stat.S_IFIFO, "a special file"),
+                                       (stat.S_IFCHR, "a special file")])
+def test_a_member_marked_as_a_folder_or_special_file_but_named_like_a_notebook_is_named(tmp_path, kind, why):
+    found, result = unpacked(tmp_path, [(member(f"ann_1_2_{A.notebook}", kind | 0o755), ""),
+                                        (f"cid_3_4_{A.notebook}", NOTEBOOK)])
+    assert result.skipped == [f"ann_1_2_{A.notebook} ({why})"] and set(found) == {("cid_3", ONE)}
+
+
+@pytest.mark.parametrize("name", [
+    f"..\\..\\{A.notebook}", f"ann\\..\\..\\..\\{A.notebook}", f"C:\\Users\\ann\\{ONE}\\{A.notebook}",
+    f"C:/ann/{ONE}/{A.notebook}", f"/tmp/ann/{ONE}/{A.notebook}", f"ann/{ONE}/../../../{A.notebook}",
+    f"//server/share/ann/{ONE}/{A.notebook}",
+])
+def test_unsafe_paths_written_the_posix_or_the_windows_way_are_named_and_nothing_lands_outside(tmp_path, name):
+    found, result = unpacked(tmp_path, [(name, NOTEBOOK), (f"cid_3_4_{A.notebook}", NOTEBOOK)])
+    assert result.skipped == [f"{name} (unsafe path)"]
+    assert set(found) == {("cid_3", ONE)}
+    assert everything_under(tmp_path) == sorted([
+        "lms.zip", "out", "out/unpacked", "out/unpacked/.collection-times.json", "out/unpacked/cid_3",
+        f"out/unpacked/cid_3/{ONE}", f"out/unpacked/cid_3/{ONE}/{A.notebook}"])
+
+
+def test_a_zip_made_on_windows_with_backslashes_is_read_as_folders(tmp_path):
+    found, result = unpacked(tmp_path, [(f"ann\\{ONE}\\{A.notebook}", NOTEBOOK)])
+    assert set(found) == {("ann", ONE)} and found["ann", ONE].notebook is not None and result.skipped == []
+
+
+def test_the_same_member_twice_keeps_one_and_names_the_other(tmp_path):
+    found, result = unpacked(tmp_path, [(f"ann_1_2_{A.notebook}", NOTEBOOK), (f"ann_1_2_{A.notebook}", "{}")])
+    assert len(result.skipped) == 1 and result.skipped[0].startswith(f"ann_1_2_{A.notebook} (another file of this name")
+    assert nbformat.read(found["ann_1", ONE].notebook, as_version=4).cells  # the first, the readable one
+
+
+# Names that become one key once made safe: case (one folder on macOS and Windows), NFC against NFD, two accents,
+# an invisible character, an RTL override. Each is another student: never graded as the other one.
+COLLIDING = [("ann", "Ann"), (unicodedata.normalize("NFC", "José"), unicodedata.normalize("NFD", "José")),
+             ("Zoë", "Zoé"), ("bob", "bob\u200b"), ("eve", "\u202eeve")]
+
+
+@pytest.mark.parametrize("first, second", COLLIDING)
+def test_names_that_collide_once_made_safe_stay_two_students(tmp_path, first, second):
+    # the second student has only a renamed copy: before, it landed in the first one's folder, an extra file there
+    found, result = unpacked(tmp_path, [(f"{first}/{ONE}/{A.notebook}", NOTEBOOK),
+                                        (f"{second}/{ONE}/Copy of {A.notebook}", NOTEBOOK)])
+    assert result.skipped == []
+    assert len(found) == 2, found
+    for sub in found.values():
+        assert sub.notebook is not None and not sub.problem
+        assert not [n for n in sub.notes if n.kind.value == "extra files"]
+    if submissions.slug(first).casefold() == submissions.slug(second).casefold():  # (NFD keeps an "e": "Jose")
+        assert len(result.renamed) == 2 and all("the same key" in line for line in result.renamed)
+    names = [sub.notebook.name for sub in sorted(found.values(), key=lambda s: s.student)]
+    assert sorted(names) == sorted([A.notebook, f"Copy-of-{A.notebook}"])
+    assert all(submissions.SAFE_NAME.match(student) for student, _ in found)
+
+
+def test_canvas_names_differing_only_by_case_with_one_user_id_are_not_merged(tmp_path):
+    found, result = unpacked(tmp_path, [(f"ann_1_2_{A.notebook}", NOTEBOOK), (f"Ann_1_3_Copy of {A.notebook}", NOTEBOOK)])
+    keys = sorted(student for student, _ in found)
+    assert len(keys) == 2 and len({k.casefold() for k in keys}) == 2, keys  # one folder on a case-insensitive disk
+
+
+def test_rtl_and_control_characters_never_reach_the_terminal(tmp_path, capsys):
+    from grader.batch.autograde import _unpacked as unpacked_for_the_run
+
+    archive = build(tmp_path / "lms.zip", [(f"ann_1_2_{A.notebook}", NOTEBOOK),
+                                           ("\u202egnp.\x1b[31mexe.txt", "x"),
+                                           ("ann\x1b]0;pwned\x07.bin", "x")])
+    run = SimpleNamespace(work=tmp_path / "work", known={a.name: a for a in assignments()})
+    with unpacked_for_the_run(archive, run, None) as root:
+        keys = [p.name for p in root.iterdir() if not p.name.startswith(".")]
+    err = capsys.readouterr().err
+    assert all(submissions.SAFE_NAME.match(k) for k in keys)
+    assert "\x1b" not in err and "\u202e" not in err and "\x07" not in err
+    assert "\\u202e" in err and "\\x1b" in err  # named, escaped
+
+
+def test_a_very_long_name_is_named_short(tmp_path):
+    long = "a" * 5000
+    found, result = unpacked(tmp_path, [(f"{long}/{ONE}/{A.notebook}", NOTEBOOK), (f"cid_3_4_{A.notebook}", NOTEBOOK)])
+    assert set(found) == {("cid_3", ONE)}
+    assert len(result.skipped) == 1 and len(result.skipped[0]) < 400 and result.skipped[0].endswith("(unsafe name)")
+
+
+def test_a_zip_bomb_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    monkeypatch.setattr(submissions, "MAX_ZIP_BYTES", 2**20)  # the same check as at 2 GiB, on a small zip
+    archive = tmp_path / "bomb.zip"
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr(f"ann_1_2_{A.notebook}", NOTEBOOK)
+        zf.writestr("bob_2_3_zeros.ipynb", b"\0" * (2 * 2**20))
+    assert archive.stat().st_size < 2**16
+    with pytest.raises(CollectionError, match="unpacks to more than"):
+        unpack_zip(archive, tmp_path / "out", assignments())
+    assert not any((tmp_path / "out").rglob("*.ipynb"))
+
+
+def test_a_zip_of_too_many_members_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(submissions, "MAX_MEMBERS", 50)
+    with pytest.raises(CollectionError, match="more than 50 files"):
+        unpacked(tmp_path, [(f"s{k}_{k}_1_{A.notebook}", "{}") for k in range(51)])
+
+
+def test_a_member_whose_declared_size_lies_stops_collection_in_one_line(tmp_path):
+    archive = build(tmp_path / "lms.zip", [(f"ann_1_2_{A.notebook}", NOTEBOOK), ("bob_2_3_big.ipynb", "x" * 100_000)])
+    data = bytearray(archive.read_bytes())
+    with zipfile.ZipFile(archive) as zf:
+        info = zf.getinfo("bob_2_3_big.ipynb")
+    # the central directory says 10 bytes; the data inflates to 100 000
+    central = data.rfind(b"PK\x01\x02", 0, data.rfind(b"bob_2_3_big.ipynb"))
+    data[central + 24:central + 28] = (10).to_bytes(4, "little")
+    archive.write_bytes(bytes(data))
+    assert info.file_size == 100_000
+    with pytest.raises(CollectionError, match="not a readable zip"):
+        unpack_zip(archive, tmp_path / "out", assignments())
+
+
+def test_a_nested_zip_is_not_opened_and_the_row_names_it(tmp_path):
+    found, result = unpacked(tmp_path, [(f"ann/{ONE}/handin.zip", "PK\x05\x06" + "\0" * 18)])
+    sub = found["ann", ONE]
+    assert sub.notebook is None and "handin.zip" in sub.problem.text, sub.problem
+    assert not any(p.suffix == ".ipynb" for p in result.root.rglob("*"))
+
+
+def test_a_folder_named_like_a_notebook_is_not_a_notebook(tmp_path):
+    found, result = unpacked(tmp_path, [(member(f"ann/{ONE}/{A.notebook}/"), ""),
+                                        (f"ann/{ONE}/{A.notebook}/notes.txt", "hi"),
+                                        (f"bob/{ONE}/{A.notebook}", NOTEBOOK),
+                                        (f"bob/{ONE}/{A.notebook}/{A.notebook}", NOTEBOOK)])
+    assert found["ann", ONE].notebook is None and found["ann", ONE].problem.kind.value == "missing"
+    assert found["bob", ONE].notebook is not None
+    assert [line.split(" (")[0] for line in result.skipped] == [f"bob/{ONE}/{A.notebook}/{A.notebook}"]
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

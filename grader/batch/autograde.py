@@ -254,6 +254,10 @@ def autograde(
             sandbox.sweep_stale_folders()
             raise stopping.Interrupted(str(stop) or "SIGINT", run.kept) from None
     write_outputs(results, run.known, out, report=report)
+    if shard is not None:  # last: a shard whose run did not get here is refused by merge
+        from grader.batch.shards import seal
+
+        seal(out)
     return results
 
 
@@ -282,14 +286,8 @@ def _unpacked(submissions: Path, run: _Run, only: str | None) -> Iterator[Path]:
     remove_tree(root)  # what a run that was killed left
     try:
         unpacked = unpack_zip(submissions, _mkdir(root), list(run.known.values()), only)
-        if unpacked.skipped:  # each one named: it may be a hand-in in a layout collection does not know
-            print(f"{len(unpacked.skipped)} file(s) in {printable(submissions.name)} not unpacked:", file=sys.stderr)
-            for line in unpacked.skipped:
-                print(f"  {printable(line)}", file=sys.stderr)
-        if unpacked.renamed:  # two students whose names become one key once made safe: each keeps a key of its own
-            print(f"{len(unpacked.renamed)} student(s) in {printable(submissions.name)} keyed apart:", file=sys.stderr)
-            for line in unpacked.renamed:
-                print(f"  {printable(line)}", file=sys.stderr)
+        for line in unpacked.report(submissions.name):  # each member left out named, each student keyed apart
+            print(printable(line), file=sys.stderr)
         yield unpacked.root
     finally:
         remove_tree(root)
@@ -308,9 +306,10 @@ def _collected(root: Path, run: _Run, only: str | None, shard: tuple[int, int] |
         print(printable(line), file=sys.stderr)
     if shard is None:
         return subs
-    from grader.batch.shards import in_shard, write_manifest
+    from grader.batch.shards import grading_digest, in_shard, write_manifest
 
-    write_manifest(_mkdir(run.out), shard, subs)
+    grading = grading_digest(code_digest(), [run.timeout, run.sandboxed, run.feedback], run.config, run.known)
+    write_manifest(_mkdir(run.out), shard, subs, grading)
     return [s for s in subs if in_shard(s.student, *shard)]
 
 

@@ -121,6 +121,14 @@ class Unpacked:
     skipped: list[str] = field(default_factory=list)
     renamed: list[str] = field(default_factory=list)
 
+    def report(self, archive: str) -> list[str]:
+        """What `autograde` prints: every member left out (it may be a hand-in in a layout collection does not
+        know), then every student keyed apart, one a line."""
+        lines = [f"{len(self.skipped)} file(s) in {archive} not unpacked:"] if self.skipped else []
+        lines += [f"  {line}" for line in self.skipped]
+        lines += [f"{len(self.renamed)} student(s) in {archive} keyed apart:"] if self.renamed else []
+        return lines + [f"  {line}" for line in self.renamed]
+
 
 class _Placed(NamedTuple):
     student: str  # '' when the member is skipped

@@ -5,6 +5,7 @@ writers of grades.csv and results.json. Standard library only."""
 from __future__ import annotations
 
 import csv
+import io
 import json
 from dataclasses import asdict, dataclass, field
 from enum import Enum
@@ -33,6 +34,7 @@ class NoteKind(Enum):
     ANSWER_COPIED = "answer copied"  # an answer cell appears more than once: its last copy was graded
     METADATA_RESTORED = "metadata restored"  # cells lost their nbgrader metadata; matched to the release by cell id
     BY_HAND = "waiting for a hand grade"  # a written answer nobody has graded yet ([[override]] in grading.toml)
+    OVERRIDE_CHANGED = "changed since regraded"  # an [[override]] was given for an earlier hand-in (collect/ledger.py)
 
     @property
     def graded(self) -> bool:
@@ -44,7 +46,7 @@ class NoteKind(Enum):
         """Whether the report lists the row under "look at these" (an instructor should read the hand-in)."""
         return self in (NoteKind.TAMPERED, NoteKind.INTERFERENCE, NoteKind.TIMEOUT, NoteKind.KERNEL_DIED,
                         NoteKind.LIMIT_HIT, NoteKind.SKIPPED, NoteKind.GRADER_ERROR, NoteKind.NOT_JUDGED,
-                        NoteKind.TIME_IGNORED, NoteKind.ANSWER_COPIED)
+                        NoteKind.TIME_IGNORED, NoteKind.ANSWER_COPIED, NoteKind.OVERRIDE_CHANGED)
 
 
 @dataclass(frozen=True)
@@ -151,9 +153,15 @@ class Result:
     def write(self, path: Path) -> None:
         """Write atomically: an interrupted batch never leaves half a result."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".partial")
-        partial.write_text(json.dumps(self.to_dict(), indent=1), encoding="utf-8")
-        partial.replace(path)
+        write_whole(path, json.dumps(self.to_dict(), indent=1))
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write `text` to `path` atomically (a temporary file beside it, then renamed): Ctrl-C or a crash while it is
+    written leaves the file as it was before, or whole — never half a grades.csv someone may import."""
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(text, encoding="utf-8", newline="")
+    partial.replace(path)
 
 
 def printable(text: str) -> str:
@@ -184,7 +192,7 @@ def write_csv(results: list[Result], exercises: list[str], path: Path) -> None:
     the hours after the due date in effect (0 when on time, empty when no due date applies or the
     hand-in time is unknown); see grader/collect/deadlines.py.
     """
-    with open(path, "w", newline="", encoding="utf-8") as f:
+    with io.StringIO(newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["student", "assignment", *exercises, "total", "max_total", "late_by", "penalty", "status"])
         for r in sorted(results, key=lambda r: (r.student, r.assignment)):
@@ -195,11 +203,12 @@ def write_csv(results: list[Result], exercises: list[str], path: Path) -> None:
             row += [points(r.total), points(sum(r.max_scores.values())),
                     "" if late_by is None else points(late_by), points(r.penalty), csv_cell(status_text(r.status))]
             writer.writerow(row)
+        write_whole(path, f.getvalue())
 
 
 def write_json(results: list[Result], path: Path) -> None:
     """results.json: every row with its messages, known mistakes, notes and timings."""
-    path.write_text(json.dumps([r.to_dict() for r in results], indent=1), encoding="utf-8")
+    write_whole(path, json.dumps([r.to_dict() for r in results], indent=1))
 
 
 def read_json(path: Path) -> list[Result]:

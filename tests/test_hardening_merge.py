@@ -1,27 +1,37 @@
-"""Hostile shards for `grader merge` (issue 36 item 8): conflicting shards, a hand-edited results.json, rows claiming
-more points than the release gives, a shard of another class, of changed hand-ins or of another release, a shard
-copied under another name or linked, an unfinished run, stale feedback pages and links among them. Merge refuses
-what it cannot trust and never copies what another shard graded.
+"""Hostile runs and reruns (issue 36 item 8). `grader merge`: conflicting shards, a hand-edited results.json, rows
+claiming more points than the release gives, a shard of another class, of changed hand-ins or of another release, a
+shard copied under another name or linked, an unfinished run, stale feedback pages and links among them: merge
+refuses what it cannot trust and never copies what another shard graded. Overrides across regrades: a hand-in that
+changes under an override, an exercise a new version removed, values TOML allows, lookalike names. Ctrl-C a second
+time during the clean-up, and while the outputs are written: nothing half-written, and the rerun writes them whole.
 
 Unit-level: shard folders written the way `autograde --shard` writes them (write_manifest, write_outputs, seal), from
 rows built in memory; no kernel."""
 
+import copy
 import hashlib
 import inspect
 import json
+import math
 import os
+import signal
 import sys
+import time
+from pathlib import Path
 
 import nbformat
 import pytest
 
+from grader import results as results_module
 from grader.author.mutants import reference_submission
 from grader.batch import autograde
 from grader.batch.shards import ShardError, merge, seal, shard_of, write_manifest
+from grader.collect.deadlines import ConfigError, NoHandIn, check_students, parse_config, settle
 from grader.collect.submissions import Submission
 from grader.course import assignment_named
+from grader.report import report as report_module
 from grader.report.outputs import write_outputs
-from grader.results import Result, read_json
+from grader.results import NoteKind, Result, read_json
 
 ONE = "01_gradient_descent"
 A = assignment_named(ONE)
@@ -197,6 +207,155 @@ def test_the_merged_rows_are_the_shards_rows(tmp_path, hand_ins):
     merged = {r.student: r.scores for r in read_json(tmp_path / "merged" / "results.json")}
     assert merged == {s: row(s).scores for s in STUDENTS}
 
+
+
+# --- overrides across regrades ----------------------------------------------------------------------------------
+
+EXERCISES = {ONE: {**A.grade_cells(), **A.written_cells()}}
+
+
+def override(student="dee_1004", points="3", exercise="mse_grad", reason="derivation explained in office hours"):
+    return (f'[[override]]\nstudent = "{student}"\nassignment = "{ONE}"\nexercise = "{exercise}"\n'
+            f'points = {points}\nreason = "{reason}"\n')
+
+
+def resolved(text, students=("dee_1004", "ann_1001"), exercises=None):
+    return check_students(parse_config(text, [ONE], "grading.toml"), set(students), exercises or EXERCISES)
+
+
+def planned(tmp_path, config, notebook):
+    """What autograde's plan gives the worker for dee's hand-in: its overrides, each marked `changed` or not."""
+    run = autograde._Run(tmp_path / "out", {ONE: A}, config, "after-release", 10, False, 1)
+    _, pending = autograde._plan(run, [Submission("dee_1004", ONE, notebook=notebook)], Path(), force=False)
+    return pending[0].spec.overrides
+
+
+def test_an_override_given_for_one_hand_in_is_flagged_when_a_new_one_replaces_it(tmp_path):
+    notebook = tmp_path / "class" / "dee_1004" / ONE / A.notebook
+    notebook.parent.mkdir(parents=True)
+    nbformat.write(reference_submission(A), notebook)
+    config = resolved(override())
+    assert [o["changed"] for o in planned(tmp_path, config, notebook)] == [False]
+    assert [o["changed"] for o in planned(tmp_path, config, notebook)] == [False]  # a rerun: the same hand-in
+    blank = reference_submission(A)
+    blank.cells = blank.cells[:3]
+    nbformat.write(blank, notebook)  # the student hands in again after the regrade request
+    overrides = planned(tmp_path, config, notebook)
+    assert [o["changed"] for o in overrides] == [True]
+    row = settle(row_for("dee_1004"), {}, overrides)
+    assert row.scores["mse_grad"] == 3 and {n.kind for n in row.status} == {NoteKind.REGRADED, NoteKind.OVERRIDE_CHANGED}
+    assert NoteKind.OVERRIDE_CHANGED.look_at and "edit its reason to confirm it" in row.status[0].text
+    assert settle(copy.deepcopy(row), {}, overrides) == row  # settling again (every run does) changes nothing
+    confirmed = resolved(override(reason="derivation explained in office hours; checked the new hand-in"))
+    assert [o["changed"] for o in planned(tmp_path, confirmed, notebook)] == [False]  # the instructor confirmed it
+
+
+def row_for(student):
+    maxima = A.grade_cells()
+    return Result(student, ONE, {e: 0.0 for e in maxima}, dict(maxima))
+
+
+@pytest.mark.parametrize("points", ["nan", "inf", "-inf", "-1", "4", "true", '"3"', "1e400"])
+def test_override_points_toml_allows_but_no_exercise_has_are_refused(points):
+    with pytest.raises(ConfigError, match="points"):
+        resolved(override(points=points))
+
+
+def test_minus_zero_points_are_zero():
+    given = resolved(override(points="-0.0")).overrides[0]
+    row = settle(row_for("dee_1004"), {}, [given])
+    assert math.copysign(1, given.points) == 1 and "→ 0 of 3" in row.status[0].text and "-0" not in row.status[0].text
+
+
+@pytest.mark.parametrize("name", ["\u0501ee_1004", "\uff44ee_1004", "dee_\u0661\u0660\u0660\u0664", "dee_1004\u200b",
+                                  "\u202edee_1004"])
+def test_a_name_that_only_looks_like_a_students_fits_nobody(name):
+    # "dee_١٠٠٤" (Arabic-Indic digits) was taken for the folder "dee", another student than dee_1004
+    with pytest.raises(NoHandIn):
+        resolved(override(student=name), students=("dee", "dee_1004"))
+
+
+def test_conflicting_overrides_of_one_exercise_are_refused_however_the_student_is_named():
+    with pytest.raises(ConfigError, match="overridden already"):
+        resolved(override("dee_1004", "3") + override("1004", "1"))
+
+
+def test_an_override_for_an_exercise_a_new_version_removed_or_renamed_stops_before_grading():
+    renamed = {ONE: {("mse_gradient" if e == "mse_grad" else e): v for e, v in EXERCISES[ONE].items()}}
+    with pytest.raises(ConfigError, match="has no such exercise .did you mean 'mse_gradient'"):
+        resolved(override(), exercises=renamed)
+
+
+# --- Ctrl-C twice, and while the outputs are written ------------------------------------------------------------
+
+def test_a_second_ctrl_c_during_the_clean_up_does_not_stop_it(tmp_path, monkeypatch):
+    done = []
+
+    def first_ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt("SIGINT")
+
+    def kill_tree(pid, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl-C, while the batch's processes are being killed
+        time.sleep(0.05)
+        done.append("killed")
+        return 0
+
+    monkeypatch.setattr(autograde, "_collected", first_ctrl_c)
+    monkeypatch.setattr(autograde.stopping, "kill_tree", kill_tree)
+    monkeypatch.setattr(autograde.sandbox, "sweep_stale_folders", lambda: done.append("swept"))
+    (tmp_path / "class").mkdir()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(autograde.Interrupted):
+            autograde.autograde(tmp_path / "class", tmp_path / "out", sandboxed=False, progress=False, report=False)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert done == ["killed", "swept"]
+
+
+def test_ctrl_c_while_the_outputs_are_written_leaves_every_file_whole_and_a_rerun_writes_them(tmp_path, monkeypatch):
+    rows = [row(s) for s in STUDENTS]
+    write_outputs(rows, {ONE: A}, tmp_path, report=True)
+    before = {name: (tmp_path / name).read_bytes() for name in ("grades.csv", "results.json", "report/report.json",
+                                                                 "report/report.html")}
+    changed = [row(s, earned=1.0) for s in STUDENTS]
+    for victim in ("grades.csv", "results.json", "report.json", "report.html"):
+        real = results_module.write_whole
+
+        def interrupted(path, text, victim=victim, real=real):
+            if path.name == victim:
+                Path(f"{path.parent}/.{path.name}.partial").write_text(text[: len(text) // 2])
+                raise KeyboardInterrupt("SIGINT")
+            real(path, text)
+
+        monkeypatch.setattr(results_module, "write_whole", interrupted)
+        monkeypatch.setattr(report_module, "write_whole", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            write_outputs(changed, {ONE: A}, tmp_path, report=True)
+        monkeypatch.undo()
+        for name, data in before.items():  # each file is the old one or the new one, whole
+            now = (tmp_path / name).read_bytes()
+            assert now == data or now == _fresh(tmp_path, changed)[name], (victim, name)
+    write_outputs(changed, {ONE: A}, tmp_path, report=True)  # the rerun
+    assert {name: (tmp_path / name).read_bytes() for name in before} == _fresh(tmp_path, changed)
+
+
+def _fresh(tmp_path, rows):
+    """What an uninterrupted run writes for `rows`."""
+    fresh = tmp_path / "fresh"
+    if not fresh.exists():
+        fresh.mkdir()
+        write_outputs(rows, {ONE: A}, fresh, report=True)
+    return {name: (fresh / name).read_bytes() for name in ("grades.csv", "results.json", "report/report.json",
+                                                            "report/report.html")}
+
+
+def test_ctrl_c_while_autograde_writes_the_outputs_says_the_grades_are_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(autograde, "_collected", lambda *args: [])
+    monkeypatch.setattr(autograde, "write_outputs", lambda *args, **kwargs: (_ for _ in ()).throw(KeyboardInterrupt()))
+    (tmp_path / "class").mkdir()
+    with pytest.raises(autograde.Interrupted, match="run the same command again to continue"):
+        autograde.autograde(tmp_path / "class", tmp_path / "out", sandboxed=False, progress=False, report=False)
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -9,11 +9,9 @@ import json
 import os
 import queue
 import select
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -24,21 +22,21 @@ from typing import TypeVar
 import nbformat
 from tqdm import tqdm
 
-from grader.author.release import generate
 from grader.batch import stopping
+from grader.batch.templates import TEMPLATES, grading_template  # noqa: F401 (gradescope's, and tests')
 from grader.collect.deadlines import Config, Lateness, Override, check_students, lateness, overrides_for, settle
+from grader.collect.ledger import LEDGER, Ledger
 from grader.collect.submissions import MAX_NOTEBOOK_BYTES, Submission, collect, unpack_zip
 from grader.course import Assignment, assignments
 from grader.judge.reference import GradingEnvironmentBroken, records_path, released_notebook, torch_version
 from grader.kernel import kernelspec, limits, sandbox
 from grader.kernel.harness import own_cells_budget
 from grader.kernel.sandbox import remove_tree
-from grader.paths import BUILD, KERNEL_PACKAGES, PYPROJECT, REPO, SOLUTIONS
+from grader.paths import BUILD, KERNEL_PACKAGES, REPO, SOLUTIONS
 from grader.report.outputs import write_outputs
 from grader.report.report import load_plotting
 from grader.results import Note, NoteKind, Result, Spec, printable, status_text
 
-TEMPLATES = BUILD / "grading-templates"
 T = TypeVar("T")
 R = TypeVar("R")
 # Seconds a worker may spend beyond the per-cell limits (kernel start, nbgrader, feedback HTML).
@@ -250,10 +248,15 @@ def autograde(
                 threading.Thread(target=load_plotting, daemon=True).start()
             results += _grade(run, pending, progress)
         except KeyboardInterrupt as stop:
-            stopping.kill_tree(os.getpid())
-            sandbox.sweep_stale_folders()
+            with stopping.deferred_interrupts():  # a second Ctrl-C does not stop the clean-up half-way
+                stopping.kill_tree(os.getpid())
+                sandbox.sweep_stale_folders()
             raise stopping.Interrupted(str(stop) or "SIGINT", run.kept) from None
-    write_outputs(results, run.known, out, report=report)
+    try:  # every row is cached: stopped here, the same command writes these files again (each is written whole)
+        with stopping.sigterm_as_interrupt():
+            write_outputs(results, run.known, out, report=report)
+    except KeyboardInterrupt as stop:
+        raise stopping.Interrupted(str(stop) or "SIGINT", run.kept) from None
     if shard is not None:  # last: a shard whose run did not get here is refused by merge
         from grader.batch.shards import seal
 
@@ -351,14 +354,14 @@ def _parallel(function: Callable[[T], R], items: list[T], jobs: int) -> list[R]:
 
 def _plan(run: _Run, subs: list[Submission], template: Path, force: bool) -> tuple[list[Result], list[_Pending]]:
     """Rows known without grading (no assignment, or cached with the same fingerprint), and the specs to grade."""
-    code = code_digest()
+    code, ledger = code_digest(), Ledger(run.work / LEDGER)  # which hand-in each override was given for
     results: list[Result] = []
     pending: list[_Pending] = []
     for sub in subs:
         assignment = run.known.get(sub.assignment)
         result_path = run.work / "results" / sub.student / f"{sub.assignment}.json"
         late = lateness(run.config, sub.student, sub.assignment, sub.submitted_at)
-        by_hand = overrides_for(run.config, sub.student, sub.assignment)
+        by_hand = ledger.check(overrides_for(run.config, sub.student, sub.assignment), sub.notebook)
         fingerprint = _fingerprint(sub, assignment, run.timeout, run.sandboxed, code,
                                    json.dumps([run.feedback, asdict(late), [asdict(o) for o in by_hand]]))
         stamp = result_path.with_suffix(".fingerprint")
@@ -376,6 +379,7 @@ def _plan(run: _Run, subs: list[Submission], template: Path, force: bool) -> tup
                         feedback_mode=run.feedback, lateness=asdict(late) if late.due else {},
                         overrides=[asdict(o) for o in by_hand])
             pending.append(_Pending(spec, fingerprint, _wall_budget(assignment, run.timeout), sub, late, by_hand))
+    ledger.save()
     return results, pending
 
 
@@ -420,8 +424,9 @@ def _grade(run: _Run, pending: list[_Pending], progress: bool) -> list[Result]:
             results.append(_record(run, futures[future], result))
             run.kept += 1
     except KeyboardInterrupt:  # no worker may start again, none may finish what it was grading
-        for worker in workers:
-            worker.halt()
+        with stopping.deferred_interrupts():
+            for worker in workers:
+                worker.halt()
         raise
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
@@ -465,34 +470,6 @@ def _warm_up(workers: list[WorkerProcess], pending: list[tuple[Spec, float]]) ->
         return ""
 
     return next((p for p in _parallel(check, workers, len(workers)) if p), "")
-
-
-def grading_template(chosen: list[Assignment]) -> Path:
-    """nbgrader's release and gradebook for `chosen`, generated once per version of their sources.
-
-    Kept under build/grading-templates/<hash>, shared by every grading run (workers only read it).
-    """
-    from grader.author import bootstrap, release
-
-    digest = hashlib.sha256(release.NBGRADER_CONFIG.read_bytes())
-    # The release puts grader/author/bootstrap.py's header (made from pyproject.toml) into every student notebook.
-    for made_from in (Path(bootstrap.__file__), PYPROJECT):
-        digest.update(made_from.read_bytes())
-    for assignment in chosen:
-        digest.update(assignment.name.encode() + assignment.source.read_bytes())
-    folder = TEMPLATES / digest.hexdigest()[:16]
-    for stale in TEMPLATES.glob("partial-*-*"):  # left by a run that was killed while it generated
-        pid = stale.name.split("-")[1]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            shutil.rmtree(stale, ignore_errors=True)
-    if not folder.exists():
-        partial = Path(tempfile.mkdtemp(prefix=f"partial-{os.getpid()}-", dir=_mkdir(TEMPLATES)))
-        generate(partial, chosen)
-        try:
-            partial.rename(folder)
-        except OSError:  # another run made it first
-            shutil.rmtree(partial, ignore_errors=True)
-    return folder
 
 
 def _mkdir(path: Path) -> Path:

@@ -42,7 +42,7 @@ from grader.collect.deadlines import Config
 from grader.collect.submissions import MAX_NOTEBOOK_BYTES, Submission
 from grader.course import Assignment, assignments
 from grader.report.outputs import write_outputs
-from grader.results import Result
+from grader.results import Result, write_whole
 
 MANIFEST = "shard.json"
 SPEC = re.compile(r"^(\d+)/(\d+)$")
@@ -121,9 +121,7 @@ def seal(out: Path) -> None:
     path = out / MANIFEST
     data = json.loads(path.read_text())
     data["results"] = hashlib.sha256(_read(out / "results.json")).hexdigest()
-    partial = path.with_suffix(".partial")
-    partial.write_text(json.dumps(data, indent=1))
-    partial.replace(path)
+    write_whole(path, json.dumps(data, indent=1))
 
 
 def _manifest(folder: Path) -> dict:

@@ -95,6 +95,26 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextlib.contextmanager
+def deferred_interrupts() -> Iterator[list[int]]:
+    """While inside, Ctrl-C and SIGTERM are noted (in the list it yields), not raised: the clean-up that stops a
+    batch is not itself stopped half-way by a second Ctrl-C, leaving processes or folders behind."""
+    if threading.current_thread() is not threading.main_thread():
+        yield []
+        return
+    caught: list[int] = []
+
+    def note(signum: int, frame: object) -> None:
+        caught.append(signum)
+
+    previous = {sig: signal.signal(sig, note) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield caught
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def die_with_parent(poll_s: float = 0.5) -> None:
     """In a worker: when its parent dies (even by SIGKILL), kill this process and everything below it."""
     parent = os.getppid()

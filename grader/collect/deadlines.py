@@ -67,7 +67,7 @@ TOP_KEYS = {"timezone", "feedback", "due", "late", "extension", "override"}
 LATE_KEYS = {"grace_minutes", "per_day", "of", "max_days"}
 EXTENSION_KEYS = {"student", "assignment", "due", "days"}
 OVERRIDE_KEYS = {"student", "assignment", "exercise", "points", "reason"}
-LMS_ID = re.compile(r"_(\d+)$")  # the LMS user id collection puts at the end of an LMS-zip hand-in's key
+LMS_ID = re.compile(r"_(\d+)$", re.ASCII)  # the LMS user id collection puts at the end of an LMS-zip hand-in's key
 DATE_HELP = "write it as 2025-10-14 23:59 or 2025-10-14T23:59:00+02:00"
 
 
@@ -96,6 +96,7 @@ class Override:
     exercise: str
     points: float
     reason: str
+    changed: bool = False  # the hand-in is not the one the override was first given for (grader/collect/ledger.py)
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,7 @@ def _number(value: object, where: str, low: float = 0.0, high: float = math.inf)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
         bound = f"between {low:g} and {high:g}" if high != math.inf else f"at least {low:g}"
         raise ConfigError(f"{where} = {value!r}: must be a number {bound}")
-    return float(value)
+    return float(value) + 0.0  # -0.0 (TOML allows it) is 0
 
 
 def _unknown(keys: object, allowed: set[str], where: str) -> None:
@@ -428,9 +429,13 @@ def settle(result: Result, late: Lateness | dict, overrides: Sequence[Override |
         else:
             result.scores[exercise] = was["graded"]
     result.overrides = {}
-    result.status = [note for note in result.status if note.kind not in (NoteKind.REGRADED, NoteKind.BY_HAND)]
+    result.status = [note for note in result.status
+                     if note.kind not in (NoteKind.REGRADED, NoteKind.BY_HAND, NoteKind.OVERRIDE_CHANGED)]
     for entry in overrides:
         o = entry if isinstance(entry, Override) else Override(**entry)
+        if o.changed:
+            result.status.append(Note(NoteKind.OVERRIDE_CHANGED, f"hand-in changed since {o.exercise} was regraded by "
+                                      "hand: check the override still holds (edit its reason to confirm it)"))
         if o.exercise in result.by_hand_max:  # a written answer: graded by hand, apart from the tests
             result.overrides[o.exercise] = {"graded": result.by_hand.get(o.exercise), "points": o.points,
                                             "reason": o.reason}

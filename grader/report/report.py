@@ -33,7 +33,7 @@ from typing import cast
 
 from grader.report.page import html_page
 from grader.report.similarity import similarity
-from grader.results import Note, NoteKind, Result, points
+from grader.results import Note, NoteKind, Result, points, write_whole
 
 DISCRIMINATION = ("item–rest correlation: Pearson's r between the exercise's points and the rest of the hand-in's "
                   "points (raw total less this exercise) over graded hand-ins — the point-biserial correlation for an "
@@ -380,7 +380,7 @@ def write_report(graded: Path, out: Path | None = None) -> Path:
     data = analyse(results)
     out = out or graded / "report"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(data, indent=1, ensure_ascii=False), encoding="utf-8")
+    write_whole(out / "report.json", json.dumps(data, indent=1, ensure_ascii=False))
     page = out / "report.html"
-    page.write_text(render(data), encoding="utf-8")
+    write_whole(page, render(data))
     return page

@@ -2,8 +2,10 @@
 Windows way, names that collide once made safe (case, Unicode normalisation, invisible and RTL characters), very long
 names, bombs and nested zips. Nothing is written outside the output folder, nothing is followed through a link, no
 student's hand-in is graded as another's, every member left out is named with why, and every name shown is safe.
+Then the similarity report on hand-ins as a class writes them: honest students who write the obvious answers, the
+released skeleton, and copies disguised by reordering, dead code or rewritten expressions.
 
-Unit-level: the collector on zips built in memory, no kernel."""
+Unit-level: the collector on zips built in memory, the comparison on answers in memory; no kernel."""
 
 import stat
 import sys
@@ -18,6 +20,8 @@ from grader.author.mutants import reference_submission
 from grader.collect import submissions
 from grader.collect.submissions import CollectionError, collect, unpack_zip
 from grader.course import assignment_named, assignments
+from grader.report.similarity import MIN_TOKENS, SHARE, similarity, tokens
+from labkit import cells
 
 ONE = "01_gradient_descent"
 A = assignment_named(ONE)
@@ -206,6 +210,91 @@ def test_a_folder_named_like_a_notebook_is_not_a_notebook(tmp_path):
     assert found["bob", ONE].notebook is not None
     assert [line.split(" (")[0] for line in result.skipped] == [f"bob/{ONE}/{A.notebook}/{A.notebook}"]
 
+
+
+# --- the similarity report: no honest pair listed, and what a disguised copy does to it ---------------------------
+
+def answers_of(notebook) -> dict[str, str]:
+    return {cells.grade_id(c): c.source for c in notebook.cells if cells.kind(c) == cells.ANSWER}
+
+
+def pairs(hand_ins: dict[str, dict[str, str]], name: str = ONE) -> list[list[str]]:
+    rows = [{"student": s, "assignment": name, "answers": a} for s, a in hand_ins.items()]
+    return [p["students"] for p in similarity(rows)["assignments"][name]["pairs"]]
+
+
+@pytest.mark.parametrize("name", ["01_gradient_descent", "02_autograd_graph"])
+def test_two_honest_students_who_write_the_obvious_short_answers_are_not_a_pair(name):
+    # both answered only the short exercises, each with the one-liner everybody writes (the reference's): before,
+    # 01 listed them with similarity 1.0 on 74 shared tokens, 02 on 83
+    assignment = assignment_named(name)
+    stubs, reference = answers_of(nbformat.read(assignment.release, as_version=4)), answers_of(reference_submission(assignment))
+    short = {cell: source for cell, source in reference.items() if len(tokens(source)) <= MIN_TOKENS}
+    assert short
+    assert pairs({"a": {**stubs, **short}, "b": {**stubs, **short}}, name) == []
+    assert pairs({"a": reference, "b": dict(reference)}, name) == []  # a class of two, both with the reference answers
+
+
+def test_the_released_skeleton_and_its_visible_tests_pasted_into_answers_are_not_evidence():
+    release = nbformat.read(A.release, as_version=4)
+    visible = "\n".join(c.source for c in release.cells if cells.kind(c) == cells.TEST)
+    stubs = answers_of(release)
+    pasted = {cell: f"{source}\n{visible}\n" for cell, source in stubs.items()}
+    assert pairs({"a": pasted, "b": dict(pasted), "c": stubs}) == []
+
+
+def reordered(source: str) -> str:
+    """The copy with independent statements swapped: numerical_grad's two set-up lines and its two steps."""
+    swaps = [("    v = w.detach().reshape(-1).clone()\n    g = torch.empty_like(v)\n",
+              "    g = torch.empty_like(w.detach().reshape(-1))\n    v = w.detach().reshape(-1).clone()\n"),
+             ("        a[j] += eps\n        b[j] -= eps\n", "        b[j] -= eps\n        a[j] += eps\n"),
+             ("        fa = f(a.reshape(w.shape))\n        fb = f(b.reshape(w.shape))\n",
+              "        fb = f(b.reshape(w.shape))\n        fa = f(a.reshape(w.shape))\n"),
+             ("    ls = []\n    t = 0\n", "    t = 0\n    ls = []\n")]
+    for old, new in swaps:
+        source = source.replace(old, new)
+    return source
+
+
+def with_dead_code(source: str) -> str:
+    """A dead statement after every statement that does not open a block or return."""
+    lines = []
+    for line in source.splitlines():
+        lines.append(line)
+        stripped = line.strip()
+        if stripped and not stripped.endswith((":", "(")) and not stripped.startswith(("return", "len(", "float(")):
+            lines.append(line[: len(line) - len(line.lstrip())] + "_unused = None  # nothing")
+    return "\n".join(lines) + "\n"
+
+
+REWRITTEN = {  # COPY's answers, each expression rewritten into an equivalent one
+    "mse_grad_answer": "def mse_grad(w, X, y):\n    n = y.shape[0]\n    return X.T @ (X @ w - y) * (2.0 / n)\n",
+    "numerical_grad_answer": "def numerical_grad(f, w, eps=1e-3):\n    base = w.detach().flatten()\n"
+                             "    grads = []\n    for j, _ in enumerate(base):\n        step = torch.zeros_like(base)\n"
+                             "        step[j] = eps\n        up = f((base + step).view_as(w))\n"
+                             "        down = f((base - step).view_as(w))\n        grads.append((up - down) / eps / 2)\n"
+                             "    return torch.stack([torch.as_tensor(g) for g in grads]).view_as(w)\n",
+    "gradient_descent_answer": "def gradient_descent(w0, X, y, lr, steps):\n    theta, ls = w0.detach().clone(), []\n"
+                               "    for _ in range(steps):\n        ls.append(((theta @ X.T - y) ** 2).mean().item())\n"
+                               "        theta -= lr * mse_grad(theta, X, y)\n    return theta, ls\n",
+    "critical_lr_answer": "def critical_lr(X):\n    m = torch.linalg.eigvalsh(X.T.matmul(X) * 2 / len(X)).max()\n"
+                          "    return 2 / m.item()\n",
+}
+
+
+def test_a_copy_reordered_or_padded_with_dead_code_is_listed_and_a_rewritten_one_is_not():
+    from test_similarity import COPY, ORIGINAL
+
+    def share(copy):
+        found = similarity([{"student": s, "assignment": ONE, "answers": a}
+                            for s, a in {"p": ORIGINAL, "q": copy}.items()])["assignments"][ONE]["pairs"]
+        return found[0]["similarity"] if found else 0.0
+
+    moved = {cell: reordered(source) for cell, source in COPY.items()}
+    assert moved != COPY and share(moved) >= SHARE
+    padded = {cell: with_dead_code(source) for cell, source in COPY.items()}
+    assert padded["mse_grad_answer"].count("_unused") >= 2 and share(padded) >= SHARE
+    assert share(REWRITTEN) < SHARE  # the limit docs/instructor/grading.md names: expressions rewritten throughout
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -13,12 +13,23 @@ fingerprinting", SIGMOD 2003 — the algorithm behind MOSS), on tokens:
    ties). Two cells that share a run of at least W + K - 1 tokens share a fingerprint; runs shorter than K never
    count. k-grams never span two cells.
 3. Template removal. Every k-gram of the released notebook's code cells — the stubs with their signatures and
-   docstrings, the visible tests, the code the lesson shows — is dropped from every hand-in.
+   docstrings, the visible tests, the code the lesson shows — is dropped from every hand-in, and so is every k-gram
+   of the solution notebook (the reference answers), and every k-gram whose tokens all lie in such k-grams (where
+   two pieces of the release meet, a visible test pasted below a stub). The obvious answer is the one two honest
+   students write alike, and a copy of it cannot be told from it anyway (issue 36: two hand-ins that answered only
+   01's two short exercises, each with the reference's one-liner, shared 74 tokens and were listed as a pair).
 4. Common code is not evidence. A k-gram found in more than `common` hand-ins of the assignment (the larger of
    COMMON_MIN and COMMON_SHARE of the graded hand-ins) is dropped: that is how many honest answers to a short
    exercise coincide (`2 / torch.linalg.eigvalsh(H).max()` written by half the class).
 5. A pair is listed when the fingerprints it shares cover at least SHARE of the smaller hand-in's fingerprints
    and the shared runs add up to at least MIN_TOKENS tokens in each hand-in.
+
+What it catches, and what not (tests/test_similarity.py and tests/test_hardening_lms.py keep each true): a copy
+with every name changed, comments added and lines re-wrapped (similarity 1.0 on notebook 01), with its
+independent statements reordered too (0.83), or with a dead statement after every line (0.70) is listed; a copy whose
+expressions are rewritten into equivalent ones throughout (operands swapped, a method for a function, temporaries
+split out) is not, nor one of less than MIN_TOKENS tokens of code outside the release and the reference answers, nor
+a copy of the reference answers.
 
 How the thresholds were chosen (tests/test_similarity.py keeps each of these true): K = 8 tokens is about one
 short expression (`2 * X.T @ (X @ w - y)` is 12), so an idiom never matches on its own; W = 5 makes every
@@ -54,7 +65,7 @@ KEPT_NAMES = set(dir(builtins)) | {"torch", "np", "numpy", "math", "F", "nn", "o
 WORDS = re.compile(r"\w+|[^\w\s]")
 MAX_COMPARED_CHARS = 256 * 1024
 METHOD = ("winnowing (Schleimer, Wilkerson and Aiken 2003) over Python tokens with the student's names and strings "
-          "normalised; the release's code removed, and code many hand-ins share ignored")
+          "normalised; the release's code and the reference answers removed, and code many hand-ins share ignored")
 
 
 @dataclass
@@ -134,7 +145,12 @@ def _prepare(student: str, answers: dict[str, str], template: set[str]) -> HandI
     hand_in = HandIn(student, answers)
     for cell, source in sorted(answers.items()):
         hand_in.tokens[cell] = tokens(source)
-        hand_in.grams[cell] = [(i, h) for i, h in kgrams(hand_in.tokens[cell]) if h not in template]
+        grams = kgrams(hand_in.tokens[cell])
+        # a k-gram made only of template tokens is template too: where two pieces of the release meet (a visible
+        # test pasted below a stub) it is in no template k-gram, yet nothing of it is the student's
+        released = {i + j for i, h in grams if h in template for j in range(K)}
+        hand_in.grams[cell] = [(i, h) for i, h in grams
+                               if h not in template and not all(i + j in released for j in range(K))]
     return hand_in
 
 
@@ -154,9 +170,10 @@ def _lines(hand_in: HandIn, covered: dict[str, set[int]], cell: str) -> list[str
     return [source[n] for n in numbers if n < len(source)][:MAX_LINES]
 
 
-def compare(hand_ins: dict[str, dict[str, str]], release: Path) -> dict:
-    """The similar pairs of one assignment: `hand_ins` is student -> answer cell -> source."""
-    template = template_grams(release)
+def compare(hand_ins: dict[str, dict[str, str]], release: Path, reference: Path | None = None) -> dict:
+    """The similar pairs of one assignment: `hand_ins` is student -> answer cell -> source; `reference`: the
+    solution notebook, whose code is no evidence either (step 3)."""
+    template = template_grams(release) | (template_grams(reference) if reference else set())
     prepared = [_prepare(s, a, template) for s, a in sorted(hand_ins.items()) if a]
     common = max(COMMON_MIN, int(COMMON_SHARE * len(prepared)))
     holders: dict[str, set[int]] = defaultdict(set)
@@ -206,6 +223,6 @@ def similarity(results: list[dict]) -> dict:
         "method": METHOD,
         "thresholds": {"k_tokens": K, "window": W, "share": SHARE, "min_tokens": MIN_TOKENS,
                        "common": f"a k-gram in more than max({COMMON_MIN}, {COMMON_SHARE:.0%} of the hand-ins) is ignored"},
-        "assignments": {name: compare(hand_ins, Assignment(name).release)
+        "assignments": {name: compare(hand_ins, Assignment(name).release, Assignment(name).source)
                         for name, hand_ins in sorted(by_assignment.items())},
     }

@@ -55,7 +55,7 @@ from labkit.rank_server import ForkRefused, RankServer, cuda_fork_poisoned
 
 __all__ = ["BACKENDS", "LaunchError", "LaunchResult", "RankError", "choose_backend", "cuda_fork_poisoned", "free_port",
            "function_source", "init_rank", "nccl_probe", "rank_device", "rank_environment", "ranks_output", "run_ranks",
-           "run_torchrun", "start_rank_server", "torchrun_command", "write_script"]
+           "run_torchrun", "start_rank_server", "start_torchrun", "torchrun_command", "write_script"]
 
 BACKENDS = ("gloo", "nccl")
 COLLECTIVE_GRACE_S = 10.0  # a function launch's collectives give up this long after the launch's time limit
@@ -132,7 +132,66 @@ def rank_environment(rank: int, nproc: int, master_port: int, master_addr: str =
             "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")}
 
 
-def run_torchrun(
+def run_torchrun(script: str | os.PathLike[str], nproc: int = 2, *, check: bool = True, **options: Any) -> LaunchResult:
+    """Run `script` on `nproc` local processes with torchrun, streaming their output as it arrives (notebook 07).
+
+    torchrun tees each rank's stdout and stderr line by line (`--tee 3`), so lines of two ranks
+    never mix; each line is shown with the prefix `[rank R] `. The launcher starts in a session of
+    its own, so on timeout it and all its ranks are stopped together. With `check` a non-zero exit
+    or a timeout raises `LaunchError` whose message ends with the last lines printed. The `options` are
+    `start_torchrun`'s: script_args, timeout, env, echo, threads_per_process.
+    """
+    return start_torchrun(script, nproc, live=True, **options).result(check=check)
+
+
+class TorchrunLaunch:
+    """A torchrun launch under way; `result()` waits for it (notebook 07).
+
+    torchrun imports torch before it starts any rank: seconds in which this process can do other work. Its output
+    is collected by a thread; with `echo` it is shown when `result()` is called (all of it, prefixed `[rank R] `),
+    or with `live` as it arrives (for a caller that waits at once: a cell running meanwhile would show it).
+    `seconds` in the result is the launch's own duration, from its start to its exit, not to `result()`.
+    """
+
+    def __init__(self, script: str | os.PathLike[str], nproc: int, *, script_args: Sequence[str], timeout: float,
+                 env: Mapping[str, str] | None, echo: bool, threads_per_process: int, live: bool = False) -> None:
+        import threading
+
+        self._logs = tempfile.TemporaryDirectory(prefix="torchrun-logs-")
+        self.command = torchrun_command(script, nproc, script_args=script_args,
+                                        launcher_flags=["--tee", "3", "--log-dir", self._logs.name])
+        self.timeout, self.echo, self.live = timeout, echo, live
+        start = time.perf_counter()
+        self._process = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         env=child_env(threads_per_process, env),
+                                         cwd=str(Path(script).resolve().parent), start_new_session=True)
+        self._outcome: tuple[str, bool, float] = ("", False, 0.0)
+
+        def collect() -> None:
+            output, timed_out, _ = stream([self._process], self._label, timeout, echo and live, stop_on_failure=False)
+            self._outcome = (output, timed_out, time.perf_counter() - start)
+
+        self._thread = threading.Thread(target=collect, name="torchrun-output", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _label(_: int, line: str) -> str:
+        # A line a rank left unfinished (a progress bar's carriage returns) ends where the next prefix starts.
+        return _ROLE_PREFIX_MIDLINE.sub(r"\n[rank \1] ", _ROLE_PREFIX.sub(r"[rank \1] ", line)).lstrip("\n")
+
+    def result(self, check: bool = True) -> LaunchResult:
+        """Wait for the launch; with `check` a non-zero exit or a timeout raises LaunchError (notebook 07)."""
+        self._thread.join()
+        self._logs.cleanup()
+        output, timed_out, seconds = self._outcome
+        if self.echo and not self.live:
+            sys.stdout.write(output)
+            sys.stdout.flush()
+        return finish("torchrun", self._process.returncode, output, timed_out, seconds, self.command, check,
+                      self.timeout)
+
+
+def start_torchrun(
     script: str | os.PathLike[str],
     nproc: int = 2,
     *,
@@ -140,32 +199,15 @@ def run_torchrun(
     timeout: float = 60.0,
     env: Mapping[str, str] | None = None,
     echo: bool = True,
-    check: bool = True,
     threads_per_process: int = 1,
-) -> LaunchResult:
-    """Run `script` on `nproc` local processes with torchrun, streaming their output as it arrives (notebook 07).
+    live: bool = False,
+) -> TorchrunLaunch:
+    """Start `script` on `nproc` local processes with torchrun and return at once; `.result()` waits (notebook 07).
 
-    torchrun tees each rank's stdout and stderr line by line (`--tee 3`), so lines of two ranks
-    never mix; each line is shown with the prefix `[rank R] `. The launcher starts in a session of
-    its own, so on timeout it and all its ranks are stopped together. With `check` a non-zero exit
-    or a timeout raises `LaunchError` whose message ends with the last lines printed.
+    With `echo` the output is shown when `result()` is called, or, with `live`, as it arrives.
     """
-    logs = tempfile.TemporaryDirectory(prefix="torchrun-logs-")
-    command = torchrun_command(script, nproc, script_args=script_args,
-                               launcher_flags=["--tee", "3", "--log-dir", logs.name])
-    start = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               env=child_env(threads_per_process, env),
-                               cwd=str(Path(script).resolve().parent), start_new_session=True)
-
-    def label(_: int, line: str) -> str:
-        # A line a rank left unfinished (a progress bar's carriage returns) ends where the next prefix starts.
-        return _ROLE_PREFIX_MIDLINE.sub(r"\n[rank \1] ", _ROLE_PREFIX.sub(r"[rank \1] ", line)).lstrip("\n")
-
-    output, timed_out, _ = stream([process], label, timeout, echo, stop_on_failure=False)
-    logs.cleanup()
-    return finish("torchrun", process.returncode, output, timed_out, time.perf_counter() - start, command,
-                  check, timeout)
+    return TorchrunLaunch(script, nproc, script_args=script_args, timeout=timeout, env=env, echo=echo,
+                          threads_per_process=threads_per_process, live=live)
 
 
 # --- which backend, and the per-rank set-up --------------------------------------------------------------

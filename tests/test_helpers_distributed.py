@@ -28,6 +28,7 @@ from helpers.distributed import (
     rank_device,
     run_ranks,
     run_torchrun,
+    start_torchrun,
     torchrun_command,
     write_script,
 )
@@ -100,6 +101,24 @@ def test_two_gloo_ranks_all_reduce(tmp_path: Path, capsys):
         assert result.lines_from_rank(rank) == ["sum=3 world=2"]
     assert "[rank 0] sum=3" in capsys.readouterr().out  # streamed into the caller's stdout
 
+
+
+@pytest.mark.slow
+def test_start_torchrun_returns_at_once_and_result_waits(tmp_path: Path, capsys):
+    script = write_script("""
+        import os, time
+        time.sleep(1)
+        print(f"rank={os.environ['RANK']}", flush=True)
+    """, tmp_path)
+    started = time.perf_counter()
+    launch = start_torchrun(script, nproc=2, timeout=120)
+    assert time.perf_counter() - started < 1.0  # torchrun imports torch in its own process meanwhile
+    assert capsys.readouterr().out == ""  # nothing shown while another cell may be running
+    time.sleep(0.5)
+    result = launch.result()
+    assert result.returncode == 0 and [result.lines_from_rank(r) for r in (0, 1)] == [["rank=0"], ["rank=1"]]
+    assert "[rank 1] rank=1" in capsys.readouterr().out  # shown when collected
+    assert result.seconds > 1.0  # the launch's own duration: the ranks slept 1 s
 
 @pytest.mark.slow
 def test_failure_raises_with_output_tail(tmp_path: Path):

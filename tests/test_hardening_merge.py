@@ -15,12 +15,14 @@ import json
 import math
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import read_rows
 
 from grader import results as results_module
 from grader.author.mutants import reference_submission
@@ -356,6 +358,32 @@ def test_ctrl_c_while_autograde_writes_the_outputs_says_the_grades_are_kept(tmp_
     (tmp_path / "class").mkdir()
     with pytest.raises(autograde.Interrupted, match="run the same command again to continue"):
         autograde.autograde(tmp_path / "class", tmp_path / "out", sandboxed=False, progress=False, report=False)
+
+
+@pytest.mark.slow
+def test_ctrl_c_twice_mid_batch_leaves_nothing_and_the_rerun_grades_the_class_as_one_run_would(tmp_path):
+    """A real batch (tests/test_batch_stops.py's class: two hand-ins that hang), Ctrl-C and again 0.3 s later, while
+    the first one's clean-up runs: every process gone, no folder left, no grades.csv; the rerun grades the class."""
+    import test_batch_stops as stops
+
+    script = stops.SUBREAPER.replace("    run.send_signal(sig)\n", "    run.send_signal(sig)\n    time.sleep(0.3)\n"
+                                     "    run.send_signal(sig)\n")
+    assert script != stops.SUBREAPER
+    archive, out = stops._class_zip(tmp_path / "class.zip"), tmp_path / "out"
+    argv = [sys.executable, "-m", "grader", "autograde", str(archive), "--out", str(out), "--jobs", "2",
+            "--timeout", "20"]
+    ready = out / ".work" / "results" / "ann" / f"{stops.A.name}.fingerprint"
+    done = subprocess.run([sys.executable, "-c", script, json.dumps(argv), str(ready), str(int(signal.SIGINT))],
+                          cwd=stops.REPO, capture_output=True, text=True, timeout=900, check=True)
+    first = json.loads(done.stdout.strip().splitlines()[-1])
+    assert first["code"] == 130 and first["left"] == [], first
+    assert not (out / ".work" / "unpacked").exists() and stops._stale_forkserver_folders() == []
+    assert not (out / "grades.csv").exists() and "Traceback" not in first["err"], first["err"]
+    again = stops._autograde(archive, out, "-", 0)
+    assert again["code"] == 0 and again["left"] == [], again
+    rows = read_rows(out)
+    assert {s: sum(rows[s, stops.A.name][0].values()) for s in ("ann", "bob", "hang1", "hang2")} == dict.fromkeys(
+        ("ann", "bob", "hang1", "hang2"), 10.0)
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -293,7 +293,8 @@ def _unpacked(submissions: Path, run: _Run, only: str | None) -> Iterator[Path]:
             print(printable(line), file=sys.stderr)
         yield unpacked.root
     finally:
-        remove_tree(root)
+        with stopping.deferred_interrupts():  # a second Ctrl-C while stopping leaves no half-removed folder
+            remove_tree(root)
 
 
 def _collected(root: Path, run: _Run, only: str | None, shard: tuple[int, int] | None,

@@ -31,3 +31,16 @@ def make_classification_batch(
     """A batch `(X, y)` of Gaussian inputs and uniform integer labels, as in the seed articles (notebook 01)."""
     g = torch.Generator().manual_seed(seed)
     return torch.randn(n, d, generator=g), torch.randint(0, classes, (n,), generator=g)
+
+
+def make_tanh_regression(
+    n: int = 256, d: int = 4, noise: float = 1.0, seed: int = 3
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(X, y)`: make_linear_regression's inputs and a standardised tanh of its targets, `y` shaped [n, 1] (notebook 03).
+
+    A non-linear target for a small network; notebook 03's checks rebuild its course data with it, so a
+    student's cell that rebinds `X` or `y` changes nothing they check.
+    """
+    X, y_linear, _ = make_linear_regression(n=n, d=d, noise=noise, seed=seed, condition=1.0)
+    y = torch.tanh(y_linear).unsqueeze(1)
+    return X, (y - y.mean()) / y.std()

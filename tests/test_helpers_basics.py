@@ -8,7 +8,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
 
-from helpers.data import make_classification_batch, make_linear_regression
+from helpers.data import make_classification_batch, make_linear_regression, make_tanh_regression
 from helpers.devices import environment_report, pick_device
 from helpers.plots import LECTURE_STYLE, plot_loss_contours, plot_losses, use_lecture_style
 
@@ -25,6 +25,14 @@ def test_datasets_are_seeded_and_shaped():
     Xc, yc = make_classification_batch(n=16, d=4, classes=3, seed=1)
     assert Xc.shape == (16, 4) and yc.dtype == torch.int64 and int(yc.min()) >= 0 and int(yc.max()) < 3
 
+
+def test_tanh_regression_is_notebook_03s_course_data():
+    X, y = make_tanh_regression()
+    X_lin, y_lin, _ = make_linear_regression(n=256, d=4, noise=1.0, seed=3, condition=1.0)
+    target = torch.tanh(y_lin).unsqueeze(1)
+    assert torch.equal(X, X_lin) and y.shape == (256, 1)
+    assert torch.equal(y, (target - target.mean()) / target.std())
+    assert abs(float(y.mean())) < 1e-6 and abs(float(y.std()) - 1) < 1e-6
 
 def test_lecture_style_is_large():
     use_lecture_style()

@@ -6,14 +6,16 @@ outside the kernel. In an ordinary run of a solution notebook they record nothin
 to bottom in Jupyter. The behaviour checks (`GUARDS`: `watch_calls`, `autograd_guard`) are the same here and
 at grading.
 
-Behaviour checks run in the student's process, so they are advisory: they see the ordinary ways to reach a
-function — its module attribute, a name bound at import (`from torch import finfo`), an alias, torch's public
-helpers that call it — but a student who removes the watch on purpose (sys.setprofile(None), say) is not seen.
+Behaviour checks run in the student's process and cost the test's points when they see the behaviour; they see
+it however the call is reached and in whichever thread (docs/security.md, "Residual risks", lists what they see and
+what not): code written to switch a watch off on purpose, or work done before the test, is not seen.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import functools
 import importlib
 import inspect
 import sys
@@ -23,7 +25,8 @@ from collections.abc import Callable
 from typing import Any
 
 oracle = contextlib.nullcontext  # a block only the reference run executes
-GUARDS = ("watch_calls", "autograd_guard")  # what the grader hands to every scenario besides observe and expect
+GUARDS = ("watch_calls", "autograd_guard", "__builtins__")  # what the grader hands to every scenario besides
+# observe and expect: the checks, and the builtins as they were before any student code ran (at the end of this file)
 
 
 def observe(name: str, value: object, **spec: Any) -> None:
@@ -39,28 +42,40 @@ def uses_reference(*names: str) -> None:
 
 
 class watch_calls:
-    """Count calls of `targets` (functions, methods, classes, built-ins) while active, however they were reached
-    (notebook 01).
+    """Count calls of `targets` (functions, methods, classes, built-ins, torch ops) while active, however they were
+    reached and in whichever thread (notebook 01).
 
-    A Python function is recognised by its code object and a built-in by identity (a profile hook, in this thread
-    and in threads started meanwhile), so a name bound at import, an alias or torch's own helpers calling it all
-    count; a class counts calls of any method it defines. A class written in C (torch.finfo) has no code to watch:
-    its module attribute and every alias of it in the student's namespaces are swapped for a counting stand-in.
+    A Python function is watched in every thread of the process, however started or whenever: its code is swapped for
+    one that counts and then runs the original (so a name bound at import, an alias, a wrapper or torch's own helpers
+    calling it all count), and a copy of its code run in this thread counts too (a profile hook). A torch op
+    (`torch.ops.aten.name`, its overloads, the `torch.name` built-in of it) is watched in torch's dispatcher: every
+    route to it counts, from any thread. Another built-in counts when this thread, or a thread started meanwhile,
+    calls it. A class counts calls of any method it defines. A class written in C (torch.finfo) has no code to watch:
+    its module attribute and every reference to it in the student's namespaces — in their dicts, lists, sets, tuples,
+    objects, closures and defaults, up to MAX_WALKED values — are swapped for a counting stand-in.
     """
+
+    MAX_WALKED = 20_000  # values looked through for a C type's references (the student's namespaces, nested)
 
     def __init__(self, *targets: object) -> None:
         self.calls = 0
         self._codes: set[types.CodeType] = set()
+        self._functions: list[types.FunctionType] = []
         self._builtins: set[int] = set()
-        self._swapped: list[tuple[dict, str, object]] = []
+        self._ops: list[str] = []
+        self._undo: list[Callable[[], None]] = []
         self._c_types: list[type] = []
         for target in targets:
             self._add(target)
 
     def _add(self, target: object) -> None:
         function = inspect.unwrap(getattr(target, "__func__", target))  # type: ignore[arg-type]
-        if isinstance(function, types.FunctionType):
+        op = _aten_op_name(target)
+        if op:
+            self._ops.append(op)
+        elif isinstance(function, types.FunctionType):
             self._codes.add(function.__code__)
+            self._functions.append(function)
         elif isinstance(target, type):
             methods = [m for m in vars(target).values() if isinstance(getattr(m, "__func__", m), types.FunctionType)]
             for method in methods:
@@ -71,7 +86,10 @@ class watch_calls:
             self._builtins.add(id(target))
 
     def _profile(self, frame: types.FrameType, event: str, arg: object) -> None:
-        if (event == "call" and frame.f_code in self._codes) or (event == "c_call" and id(arg) in self._builtins):
+        if event == "call" and frame.f_code in self._codes:
+            if frame.f_back is None or frame.f_back.f_code is not _run_watched.__code__:
+                self.calls += 1  # a copy of a watched code object (a swapped function counts its own calls)
+        elif event == "c_call" and id(arg) in self._builtins:
             self.calls += 1
 
     def _counting(self, original: type) -> Callable:
@@ -81,42 +99,189 @@ class watch_calls:
 
         return counted
 
+    def _swap_code(self, function: types.FunctionType) -> None:
+        """From now on, in every thread, a call of `function` counts and then runs its original code."""
+        code, kwdefaults = function.__code__, function.__kwdefaults__
+        original = types.FunctionType(code, function.__globals__, function.__name__, function.__defaults__,
+                                      function.__closure__)
+        original.__kwdefaults__ = kwdefaults
+        function.__code__ = _trampoline(len(code.co_freevars))
+        function.__kwdefaults__ = {**(kwdefaults or {}), _WATCH_ARG: functools.partial(_run_watched, self, original)}
+
+        def undo() -> None:
+            function.__code__, function.__kwdefaults__ = code, kwdefaults
+
+        self._undo.append(undo)
+
+    def _watch_ops(self) -> None:
+        """Count every call of the watched torch ops in the dispatcher: every route to them, from every thread."""
+        import torch
+
+        library = torch.library.Library("aten", "IMPL")
+        for name in dict.fromkeys(self._ops):
+            packet = getattr(torch.ops.aten, name)
+
+            def kernel(*args: Any, _packet: Any = packet, **kwargs: Any) -> Any:
+                self.calls += 1
+                with torch._C._AutoDispatchBelowAutograd():
+                    return _packet(*args, **kwargs)
+
+            for key in ("AutogradCPU", "AutogradCUDA"):
+                library.impl(name, kernel, key)
+        self._undo.append(library._destroy)
+
     def _swap_aliases(self, caller: dict) -> None:
-        """Put a counting stand-in wherever a watched C type is bound: its module, __main__, the scenario's names
-        and the namespaces of the functions and classes the scenario holds (the student's answers)."""
-        spaces = [caller, vars(sys.modules["__main__"])]
+        """Put a counting stand-in wherever a watched C type is held: its module attribute, then breadth first the
+        scenario's names, the namespaces of the functions and classes it holds (the student's answers), __main__,
+        and everything those hold (containers, objects, closures, defaults)."""
+        spaces = [caller]
         for value in list(caller.values()):
             for member in [value, *(vars(value).values() if isinstance(value, type) else ())]:
                 space = getattr(getattr(member, "__func__", member), "__globals__", None)
                 if isinstance(space, dict) and all(space is not s for s in spaces):
                     spaces.append(space)
+        spaces.append(vars(sys.modules["__main__"]))
+        stand_ins = {id(target): self._counting(target) for target in self._c_types}
         for target in self._c_types:
             module = sys.modules.get(getattr(target, "__module__", ""))
-            stand_in = self._counting(target)
-            for space in [*([vars(module)] if module else []), *spaces]:
-                for name, value in list(space.items()):
-                    if value is target:
-                        self._swapped.append((space, name, value))
-                        space[name] = stand_in
+            for name, value in list(vars(module).items()) if module else ():
+                if value is target:
+                    setattr(module, name, stand_ins[id(target)])
+                    self._undo.append(lambda m=module, n=name, v=value: setattr(m, n, v))
+        _AliasWalk(stand_ins, self.MAX_WALKED, self._undo).walk(spaces)
 
     def __enter__(self) -> watch_calls:
         self._previous = (sys.getprofile(), threading.getprofile())
-        if self._c_types:
-            caller = sys._getframe(1)
-            while caller.f_back is not None and caller.f_globals is globals():  # a subclass's __enter__
-                caller = caller.f_back
-            self._swap_aliases(caller.f_globals)
+        try:
+            for function in self._functions:
+                self._swap_code(function)
+            if self._ops:
+                self._watch_ops()
+            if self._c_types:
+                caller = sys._getframe(1)
+                while caller.f_back is not None and caller.f_globals is globals():  # a subclass's __enter__
+                    caller = caller.f_back
+                self._swap_aliases(caller.f_globals)
+        except BaseException:
+            self._restore()
+            raise
         if self._codes or self._builtins:
             sys.setprofile(self._profile)
             threading.setprofile(self._profile)
         return self
 
+    def _restore(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
     def __exit__(self, *exc: object) -> None:
         sys.setprofile(self._previous[0])
         threading.setprofile(self._previous[1])
-        for space, name, value in reversed(self._swapped):
-            space[name] = value
-        self._swapped.clear()
+        self._restore()
+
+
+_WATCH_ARG = "_labkit_watch_"  # the keyword-only default through which a swapped function reaches its watch
+
+
+def _run_watched(watch: watch_calls, original: Callable, args: tuple, kwargs: dict) -> Any:
+    watch.calls += 1
+    return original(*args, **kwargs)
+
+
+def _trampoline(free: int) -> types.CodeType:
+    """A code object that passes its arguments to the watch held in its keyword-only default, with `free` free
+    variables (a function's code may only be swapped for one with as many as its closure holds cells)."""
+    names = [f"free_{i}" for i in range(free)]
+    source = (f"def outer():\n    {' = '.join([*names, 'None'])}\n" if names else "def outer():\n") + (
+        f"    def counted(*args, {_WATCH_ARG}=None, **kwargs):\n"
+        f"        {', '.join(names) or 'None'}\n"
+        f"        return {_WATCH_ARG}(args, kwargs)\n"
+        "    return counted\n")
+    space: dict = {}
+    exec(compile(source, "<labkit.scenario watch>", "exec"), space)
+    return space["outer"]().__code__
+
+
+def _aten_op_name(target: object) -> str:
+    """The aten op `target` is (torch.ops.aten.name, one of its overloads, or the torch.name built-in), or ''."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return ""
+    ops = getattr(torch, "_ops", None)
+    if ops is not None and isinstance(target, ops.OpOverload):
+        target = target.overloadpacket
+    if ops is not None and isinstance(target, ops.OpOverloadPacket):
+        return target.__name__ if getattr(target, "_qualified_op_name", "").startswith("aten::") else ""
+    name = getattr(target, "__name__", "")
+    if isinstance(target, types.BuiltinFunctionType) and name and getattr(torch, name, None) is target:
+        return name if hasattr(torch.ops.aten, name) else ""
+    return ""
+
+
+class _AliasWalk:
+    """Replace every reference to a watched C type inside mutable containers, objects, closures and defaults,
+    breadth first from the namespaces given, undoably; a tuple or frozenset that holds one is rebuilt and put back
+    where it was found."""
+
+    def __init__(self, stand_ins: dict[int, Callable], budget: int, undo: list[Callable[[], None]]) -> None:
+        self.stand_ins, self.budget, self.undo = stand_ins, budget, undo
+        self.seen = {id(stand_in) for stand_in in stand_ins.values()}  # never look inside a stand-in
+        self.queue: collections.deque = collections.deque()
+
+    def walk(self, spaces: list[dict]) -> None:
+        self.queue.extend(spaces)
+        while self.queue and self.budget > 0:
+            self._inside(self.queue.popleft())
+
+    def _new(self, value: object, depth: int = 0) -> object:
+        """What takes `value`'s place: a stand-in, a rebuilt tuple, or `value` itself (then queued to look inside)."""
+        if id(value) in self.stand_ins:
+            return self.stand_ins[id(value)]
+        if type(value) in (tuple, frozenset) and depth < 4:
+            self.budget -= len(value)  # type: ignore[arg-type]
+            items = [self._new(item, depth + 1) for item in value]  # type: ignore[attr-defined]
+            return type(value)(items) if any(a is not b for a, b in zip(items, value)) else value  # type: ignore
+        if id(value) not in self.seen and not isinstance(value, (str, bytes, int, float, type, types.ModuleType)):
+            self.seen.add(id(value))
+            self.queue.append(value)
+        return value
+
+    def _inside(self, value: object) -> None:
+        if isinstance(value, dict):
+            self.budget -= len(value)
+            for key, item in list(value.items()):
+                if (new := self._new(item)) is not item:
+                    value[key] = new
+                    self.undo.append(lambda d=value, k=key, v=item: d.__setitem__(k, v))
+        elif isinstance(value, list):
+            self.budget -= len(value)
+            for index, item in enumerate(list(value)):
+                if (new := self._new(item)) is not item:
+                    value[index] = new
+                    self.undo.append(lambda s=value, i=index, v=item: s.__setitem__(i, v))
+        elif isinstance(value, set):
+            self.budget -= len(value)
+            for item in list(value):
+                if (new := self._new(item)) is not item:
+                    value.discard(item)
+                    value.add(new)
+                    self.undo.append(lambda s=value, old=item, n=new: (s.discard(n), s.add(old)))
+        elif isinstance(value, types.FunctionType):
+            for cell in value.__closure__ or ():
+                try:
+                    item = cell.cell_contents
+                except ValueError:  # an empty cell
+                    continue
+                if (new := self._new(item)) is not item:
+                    cell.cell_contents = new
+                    self.undo.append(lambda c=cell, v=item: setattr(c, "cell_contents", v))
+            for attribute in ("__defaults__", "__kwdefaults__"):
+                held = getattr(value, attribute)
+                if held is not None and (new := self._new(held)) is not held:
+                    setattr(value, attribute, new)
+                    self.undo.append(lambda f=value, a=attribute, v=held: setattr(f, a, v))
+        elif isinstance(getattr(value, "__dict__", None), dict):
+            self._new(value.__dict__)
 
 
 class autograd_guard(watch_calls):
@@ -157,16 +322,37 @@ class autograd_guard(watch_calls):
 
     def __enter__(self) -> autograd_guard:
         import torch
+        import torch.fx.traceback as fx_traceback
 
         def pack(tensor: torch.Tensor) -> torch.Tensor:
             self.calls += 1
             return tensor
 
+        def recorded(*args: Any, **kwargs: Any) -> list:
+            self.calls += 1  # a node of a graph was recorded, in whichever thread
+            return []
+
+        # Every thread's graph: anomaly mode is process-wide, and with it on torch asks
+        # torch.fx.traceback.format_stack for the stack of each node it records.
+        self._anomaly = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled(), fx_traceback.format_stack)
+        fx_traceback.format_stack = recorded
+        torch.set_anomaly_enabled(True, False)
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor)
         self._saved_hooks.__enter__()
         super().__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        import torch
+        import torch.fx.traceback as fx_traceback
+
         super().__exit__(*exc)
         self._saved_hooks.__exit__(*exc)
+        enabled, check_nan, fx_traceback.format_stack = self._anomaly
+        torch.set_anomaly_enabled(enabled, check_nan)
+
+
+# The builtins a scenario runs with (GUARDS hands them to it): a copy taken when this module was imported — before
+# any student code in a graded kernel, which imports labkit before it forks — so a student's code that rebinds
+# `builtins.all` while a test runs cannot steer the test's own checks.
+__builtins__ = dict(vars(importlib.import_module("builtins")))

@@ -23,6 +23,7 @@ from grader.judge.outflow import Opaque
 from helpers.checks import CheckFailure, check_scalar, check_tensor
 
 MAX_NAME_CHARS = 500
+MAX_INT_DIGITS = 4300  # Python's own limit for reading an int from text (sys.int_info.default_max_str_digits)
 DTYPES = {name: getattr(torch, name) for name in (
     "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
     "complex64", "complex128")}
@@ -105,8 +106,11 @@ def decode_value(node: object, depth: int = 0) -> object:
         return node["v"]
     if kind == "int":
         text = node.get("v")
-        _expect(isinstance(text, str) and len(text) <= 400 and re.fullmatch(r"-?\d+", text) is not None, "malformed int")
-        return int(text)  # type: ignore[arg-type]
+        _expect(isinstance(text, str) and re.fullmatch(r"-?\d+", text) is not None, "malformed int")
+        assert isinstance(text, str)
+        if len(text.lstrip("-")) > MAX_INT_DIGITS:  # a plain wrong value, too long for Python to read as a number
+            return Opaque(f"an integer of more than {MAX_INT_DIGITS} digits")
+        return int(text)
     if kind == "float":
         text = node.get("v")
         _expect(isinstance(text, str) and len(text) <= 40, "malformed float")

@@ -355,8 +355,10 @@ _STATE = f"__import__('sys').modules.setdefault({probe.STATE!r}, __import__('typ
 
 
 def snapshot_code() -> str:
-    """The step after a set-up cell: remember the names set-up made (injected reference code is defined among them)."""
-    return f"{_STATE}.setup_names = {_COPY_NAMES}\n"
+    """The step after a set-up cell: remember the names set-up made (injected reference code is defined among them),
+    and import labkit.scenario, which copies the builtins the scenarios run with (a sandboxed kernel has it from
+    its fork server already, before any student code)."""
+    return f"__import__('labkit.scenario')\n{_STATE}.setup_names = {_COPY_NAMES}\n"
 
 
 _COPY_PLAIN_SOURCE = textwrap.dedent(inspect.getsource(copy_plain))
@@ -392,8 +394,15 @@ def scenario_code(test: str, code: str, answers: tuple[str, ...], inject: str = 
 
     `position`: the test whose place's names the scenario sees (position_code); '' for the names as they are now.
     """
-    return (f"__import__('sys').modules[{PROBE_MODULE!r}].run({test!r}, {code!r}, {tuple(answers)!r}, {inject!r}, "
-            f"{tuple(inject_names)!r}, {position!r})\n")
+    return (EAGER + f"__import__('sys').modules[{PROBE_MODULE!r}].run({test!r}, {code!r}, {tuple(answers)!r}, "
+            f"{inject!r}, {tuple(inject_names)!r}, {position!r})\n")
+
+
+# Before a scenario, when the notebook used torch.compile: compiled answers run eagerly in the hidden tests (the same
+# values; torch.compile would compile again for each shape and dtype a test uses, 20-30 s each on a small CPU, inside
+# the test's time — README). Nothing when torch._dynamo was never imported (it costs seconds to import).
+EAGER = ("(lambda dynamo: dynamo is not None and hasattr(__import__('torch').compiler, 'set_stance') and "
+         "__import__('torch').compiler.set_stance('force_eager'))(__import__('sys').modules.get('torch._dynamo'))\n")
 
 
 def run_steps(steps: list[Step], new_kernel: Callable[[], Kernel], timeout: float,

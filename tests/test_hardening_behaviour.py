@@ -1,0 +1,204 @@
+"""Issue 36 items 7 and 5: behaviour checks see the ways a hostile hand-in got past them; odd values get plain verdicts.
+
+The attacks, each as the review ran it: autograd in a thread pool started before the test (`mse_grad`), torch's
+`clip_grad_norm_` in a thread started during the call (`clip_by_global_norm`), `torch.finfo` held in a dict
+(`smallest_subnormal`), `torch.ops.aten._amp_update_scale_` (`DynamicLossScaler`), `builtins.all` rebound while a
+hidden test runs (a property check). Each is now counted (labkit.scenario: code swapped process-wide, ops watched in
+torch's dispatcher, C types swapped inside containers, the scenario's builtins copied before any student code).
+Item 5: a float32 answer for float64 inputs fails the hidden test as it fails the visible one; a 401-digit return
+value is a wrong value, not interference. Fast tests run in process; the integration ones grade notebook 01.
+"""
+
+import _thread
+import builtins
+import concurrent.futures
+import json
+import threading
+
+import nbformat
+import pytest
+import torch
+import torch.nn.utils.clip_grad as clip_module
+
+from grader.author.mutants import reference_submission
+from grader.course import assignment_named
+from grader.judge.judge import compare, decode_messages, decode_value
+from grader.judge.rebuild import rebuild
+from grader.kernel import probe
+from labkit.scenario import autograd_guard, watch_calls
+
+X, y, w = torch.randn(6, 2, dtype=torch.float64), torch.randn(6, dtype=torch.float64), torch.randn(2, dtype=torch.float64)
+POOL = concurrent.futures.ThreadPoolExecutor(2)
+POOL.submit(lambda: None).result()  # its threads run before any guard starts
+
+
+def mse_grad_in_the_pool(w, X, y):
+    def work():
+        v = w.detach().clone().requires_grad_(True)
+        ((X @ v - y) ** 2).mean().backward()
+        return v.grad
+    return POOL.submit(work).result()
+
+
+def test_autograd_in_a_thread_pool_started_before_the_test_is_counted():
+    with autograd_guard() as guard:
+        got = mse_grad_in_the_pool(w, X, y)
+    assert guard.calls > 0 and torch.allclose(got, 2 / 6 * X.T @ (X @ w - y))
+    with autograd_guard() as guard:
+        POOL.submit(lambda: 2 / 6 * X.T @ (X @ w - y)).result()  # closed form in the pool: nothing
+    assert guard.calls == 0 and not torch.is_anomaly_enabled()
+
+
+def clipping_functions():
+    """What 05's hidden test watches: every function of torch's clipping module."""
+    return [v for v in vars(clip_module).values()
+            if getattr(getattr(v, "__code__", None), "co_filename", None) == clip_module.__file__]
+
+
+@pytest.mark.parametrize("start", ["_thread", "threading"])
+def test_clip_grad_norm_in_a_thread_started_during_the_call_is_counted(start):
+    def clip_by_global_norm(grads, max_norm):
+        done, out = threading.Event(), []
+
+        def run():
+            params = [torch.nn.Parameter(g.clone()) for g in grads]
+            for p, g in zip(params, grads):
+                p.grad = g.clone()
+            out.append(([p.grad for p in params], torch.nn.utils.clip_grad_norm_(params, max_norm)))
+            done.set()
+        if start == "_thread":
+            _thread.start_new_thread(run, ())
+        else:
+            threading.Thread(target=run).start()
+        done.wait()
+        return out[0]
+
+    kept = torch.nn.utils.clip_grad_norm_
+    with watch_calls(*clipping_functions()) as seen:
+        clip_by_global_norm([torch.randn(3)], 0.1)
+    assert seen.calls > 0
+    assert torch.nn.utils.clip_grad_norm_ is kept and kept.__code__.co_filename == clip_module.__file__
+
+
+FINFO_TABLE = {"finfo": torch.finfo}
+HOLDER = type("Holder", (), {})()
+HOLDER.finfo = torch.finfo
+HOLDERS = {
+    "a dict": lambda dt: FINFO_TABLE["finfo"](dt),
+    "a list": lambda dt, held=[torch.finfo]: held[0](dt),
+    "a tuple": lambda dt, held=(torch.finfo,): held[0](dt),
+    "an object": lambda dt: HOLDER.finfo(dt),
+}
+
+
+@pytest.mark.parametrize("holder", HOLDERS)
+def test_finfo_held_in_a_container_is_counted_and_put_back(holder):
+    smallest_subnormal = HOLDERS[holder]
+    with watch_calls(torch.finfo) as seen:
+        smallest_subnormal(torch.float32)
+    assert seen.calls == 1
+    assert FINFO_TABLE["finfo"] is torch.finfo and type(torch.finfo(torch.float32)).__name__ == "finfo"
+
+
+class DynamicLossScalerOnTheOp:
+    """The attack: GradScaler's update op reached through torch.ops, not GradScaler."""
+
+    def __init__(self):
+        self.scale_t, self.tracker = torch.full((), 65536.0), torch.zeros((), dtype=torch.int32)
+
+    def update(self, found_inf):
+        torch.ops.aten._amp_update_scale_(self.scale_t, self.tracker, torch.full((), float(found_inf)), 2.0, 0.5, 2000)
+        return found_inf
+
+
+def test_the_amp_update_op_through_torch_ops_is_counted_from_any_thread():
+    ops = (torch.ops.aten._amp_update_scale_, torch.ops.aten._amp_foreach_non_finite_check_and_unscale_)
+    with watch_calls(*ops) as seen:
+        DynamicLossScalerOnTheOp().update(True)
+        threading.Thread(target=DynamicLossScalerOnTheOp().update, args=(False,)).start()
+        POOL.submit(lambda: torch._amp_update_scale_(*vars(DynamicLossScalerOnTheOp()).values(), torch.zeros(()),
+                                                     2.0, 0.5, 1)).result()
+    assert seen.calls >= 2  # the thread's may come after the block ends
+    before = seen.calls
+    DynamicLossScalerOnTheOp().update(True)  # the watch is gone afterwards
+    assert seen.calls == before
+
+
+SCENARIO = """\
+grads = [1.0, 2.0]
+out = clip(grads)
+observe("input left untouched", all(g == h for g, h in zip(grads, [1.0, 2.0])))
+"""
+STEERING = ("import builtins\n"
+            "def clip(grads):\n"
+            "    grads[0] = 0.0\n"
+            "    builtins.all = lambda items: True  # steers the test's property check\n"
+            "    return grads\n")
+
+
+def test_builtins_rebound_during_a_hidden_test_do_not_steer_its_checks(monkeypatch):
+    published: list[dict] = []
+    monkeypatch.setattr(probe, "publish", lambda message: published.append(json.loads(json.dumps(message))))
+    monkeypatch.setattr(builtins, "all", builtins.all)  # put back after the test
+    recorder = probe.Recorder("clip")
+    user_ns: dict = {}
+    exec(STEERING, user_ns)
+    probe._scenario(user_ns, "clip", SCENARIO, ("clip",), "", (), recorder)
+    recorder.end(None)
+    record = decode_messages(published, "clip")
+    assert [(o.name, o.value) for o in record.observed] == [("input left untouched", False)]
+
+
+def test_a_huge_integer_is_a_wrong_value_not_interference():
+    for digits in (401, 4300):
+        value = decode_value(probe.encode(10 ** (digits - 1)))
+        assert compare(value, 0.25, "critical_lr", {}) == f"critical_lr: expected 0.25, got 1e+{digits - 1}."
+    beyond = decode_value({"t": "int", "v": "9" * 5000})
+    assert compare(beyond, 0.25, "critical_lr", {}) == ("critical_lr should be a number, got an integer of more than "
+                                                        "4300 digits.")
+
+
+ONE = assignment_named("01_gradient_descent")
+
+
+def _graded(answers: dict[str, str]):
+    from grader.judge.grading import grade_notebook, plain_kernel_factory, reference_records
+
+    nb, _ = rebuild(reference_submission(ONE), nbformat.read(ONE.release, as_version=4))
+    for grade_id, source in answers.items():
+        at = next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+        nb.cells[at].source = source
+    return grade_notebook(nb, ONE, plain_kernel_factory(), 60, reference_records(ONE, plain_kernel_factory(), 120))
+
+
+@pytest.mark.integration  # grades notebook 01 in a kernel
+def test_graded_the_pool_attack_and_a_huge_integer_get_honest_verdicts():
+    from grader.judge.grading import run_notes
+
+    pool = ("import concurrent.futures\n_pool = concurrent.futures.ThreadPoolExecutor(2)\n_pool.submit(int).result()\n\n"
+            "def mse_grad(w, X, y):\n    def work():\n        v = w.detach().clone().requires_grad_(True)\n"
+            "        ((X @ v - y) ** 2).mean().backward()\n        return v.grad\n    return _pool.submit(work).result()\n")
+    graded = _graded({"mse_grad_answer": pool, "critical_lr_answer": "def critical_lr(X):\n    return 10 ** 400\n"})
+    assert not graded.verdicts["mse_grad"].passed and "autograd" in graded.verdicts["mse_grad"].message
+    assert graded.verdicts["critical_lr"].message.endswith("got 1e+400."), graded.verdicts["critical_lr"].message
+    assert not [n for n in run_notes(graded) if "interference" in n.text]
+    assert graded.verdicts["numerical_grad"].passed and graded.verdicts["gradient_descent"].passed
+
+
+@pytest.mark.integration  # grades notebook 01 in a kernel
+def test_graded_a_float32_answer_for_float64_inputs_fails_as_the_visible_test_does():
+    float32 = ("def mse_grad(w, X, y):\n    X, w, y = X.float(), w.float(), y.float()\n"
+               "    return (2.0 / X.shape[0]) * X.T @ (X @ w - y)\n")
+    graded = _graded({"mse_grad_answer": float32})
+    assert "should return a float64 tensor" in graded.verdicts["mse_grad"].message
+
+
+@pytest.mark.integration  # grades notebook 01 in a kernel
+def test_graded_a_compiled_answer_runs_eagerly_in_the_hidden_tests_and_keeps_its_points():
+    from grader.judge.grading import run_notes
+
+    compiled = ("import torch\n\n@torch.compile\ndef mse_grad(w, X, y):\n"
+                "    return (2.0 / X.shape[0]) * X.T @ (X @ w - y)\n")
+    graded = _graded({"mse_grad_answer": compiled})
+    assert graded.verdicts["mse_grad"].passed, graded.verdicts["mse_grad"].message
+    assert not [n for n in run_notes(graded) if "timeout" in n.text]

@@ -11,11 +11,16 @@ host), and skipped steps are counted afterwards from the optimizer's own step co
 can be measured with TF32 matmuls off (true fp32) or on (`tf32=`), peak memory is counted above what was
 allocated before the run, `bf16_support` says whether bf16 is native or emulated on the device, and
 `tf32_support` whether the device has TF32 at all (a row that asked for it on a GPU without says so in its label).
+
+For the loss-scaling exercises' visible checks: `gradscaler_scales` drives a real GradScaler through a pattern of
+good and overflowing steps, `scale_trace_mistake` says where a hand-written scaler's trace first leaves it and what
+that step shows, and `named_scaler_errors` turns GradScaler's own complaints into the mistake each one names.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -23,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+
+from helpers.checks import CheckFailure
 
 
 def synchronize(device: torch.device) -> None:
@@ -191,3 +198,84 @@ def _measure(train_step: AmpStep, device: torch.device, dtype: torch.dtype | Non
             "fp32, TF32 matmuls" if tf32_support(device) == "native" else "fp32, TF32 asked, none here")
     return PrecisionRow(label, str(device), seconds * 1000.0, peak, final, warmup + steps - stepped,
                         baseline / 2**20 if baseline is not None else None)
+
+
+def gradscaler_scales(flags: list[bool], **settings: float) -> list[float]:
+    """The scale a real `torch.amp.GradScaler("cpu", **settings)` holds after each step; True in `flags` = an inf step
+    (notebook 06)."""
+    scaler = torch.amp.GradScaler("cpu", **settings)  # type: ignore[arg-type]
+    weight = nn.Parameter(torch.zeros(1))
+    sgd = torch.optim.SGD([weight], lr=0.0)
+    scales = []
+    for inf in flags:
+        scaler.scale(torch.ones(()))  # GradScaler makes its scale tensor on first use
+        weight.grad = torch.full((1,), float("inf") if inf else 1.0)
+        scaler.step(sgd)
+        scaler.update()
+        scales.append(scaler.get_scale())
+    return scales
+
+
+def scale_trace_mistake(flags: list[bool], got: list[float], want: list[float], *, init_scale: float = 65536.0,
+                        growth_factor: float = 2.0, backoff_factor: float = 0.5, growth_interval: int = 2000) -> str | None:
+    """Where a loss-scale trace `got` first leaves GradScaler's `want`, and what that step says; None if they agree
+    (notebook 06). `flags[i]` is True when step i + 1's gradients held an inf."""
+    before = float(init_scale)
+    for step, (inf, mine, right) in enumerate(zip(flags, got, want), start=1):
+        if not math.isclose(mine, right, rel_tol=1e-9):
+            kind = "an inf step (X)" if inf else "a good step (.)"
+            where = f"at step {step}, {kind}, the scale went from {before:g} to {mine:g}; GradScaler's went to {right:g}"
+            if inf and math.isclose(mine, before / backoff_factor, rel_tol=1e-9):
+                why = ("that is a division by backoff_factor, so your scale grew on an overflow — what must an overflow "
+                       "do to the scale, and what do you multiply by?")
+            elif inf and math.isclose(mine, before * growth_factor * backoff_factor, rel_tol=1e-9):
+                why = "yours backed off and grew on the same step: the overflowing step was counted as a good one"
+            elif inf and mine >= before:
+                why = "an overflow must make the scale smaller, and yours did not shrink"
+            elif not inf and mine > before and math.isclose(right, before, rel_tol=1e-9):
+                why = ("yours grew before GradScaler's: which steps count toward growth_interval, and when does that "
+                       "count start again?")
+            elif not inf and mine == before and right > before:
+                why = ("GradScaler grew here and yours did not: which steps count toward growth_interval, and when does "
+                       "that count start again?")
+            else:
+                why = ""
+            return where + (f": {why}" if why else ".")
+        before = right
+    if len(got) != len(want):
+        return f"expected one scale per step ({len(want)}), got {len(got)}."
+    return None
+
+
+# GradScaler's own errors (their text in torch/amp/grad_scaler.py), each the sign of one mistake in a training step.
+SCALER_COMPLAINTS = {
+    "step() has already been called since the last update()":
+        "scaler.step(optimizer) ran again before any scaler.update(): without update() GradScaler refuses the next "
+        "step — end every optimizer step with scaler.update(), once",
+    "unscale_() has already been called on this optimizer since the last update()":
+        "scaler.unscale_(optimizer) ran twice before scaler.update(): unscale once per optimizer step, after the last "
+        "backward of that step, not once per micro batch",
+    "unscale_() is being called after step()": "scaler.unscale_(optimizer) ran after scaler.step(optimizer): unscale first",
+    "No inf checks were recorded for this optimizer":
+        "scaler.step(optimizer) found no gradient to unscale (every .grad was None): the gradients were zeroed after "
+        "the backward — zero them at the start of the step, before the backward",
+    "No inf checks were recorded prior to update":
+        "scaler.update() found no scaler.step(optimizer) before it: the optimizer was stepped directly — call "
+        "scaler.step(optimizer) instead of optimizer.step(); it unscales, checks for inf/NaN and skips such a step",
+    "but _scale is None":
+        "GradScaler was asked to step before it ever scaled a loss: the backward must start from scaler.scale(loss)",
+}
+
+
+@contextlib.contextmanager
+def named_scaler_errors(name: str) -> Iterator[None]:
+    """Turn GradScaler's own complaints raised inside the block into a CheckFailure naming the mistake (notebook 06)."""
+    try:
+        yield
+    except CheckFailure:
+        raise
+    except (RuntimeError, AssertionError) as error:
+        advice = next((advice for text, advice in SCALER_COMPLAINTS.items() if text in str(error)), None)
+        if advice is None:
+            raise
+        raise CheckFailure(f"{name}: GradScaler refused a call (\"{str(error).strip()}\") — {advice}.") from None

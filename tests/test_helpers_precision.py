@@ -173,3 +173,47 @@ def test_single_thread_restores_the_thread_count():
     with pytest.raises(RuntimeError), single_thread():
         raise RuntimeError("restored on errors too")
     assert torch.get_num_threads() == before
+
+
+def test_gradscaler_scales_backs_off_on_inf_and_grows_after_the_interval():
+    assert precision.gradscaler_scales([False, False, True, False], init_scale=8.0, growth_interval=2) == [8.0, 16.0,
+                                                                                                        8.0, 8.0]
+
+
+def test_scale_trace_mistake_names_a_division_early_growth_and_agreement():
+    flags = [False, True, False, False]
+    settings = dict(init_scale=8.0, growth_interval=2)
+    want = precision.gradscaler_scales(flags, **settings)
+    assert precision.scale_trace_mistake(flags, want, want, **settings) is None
+    divided = precision.scale_trace_mistake(flags, [8.0, 16.0, 16.0, 32.0], want, **settings)
+    assert "step 2" in divided and "division by backoff_factor" in divided
+    early = precision.scale_trace_mistake(flags, [8.0, 4.0, 8.0, 8.0], want, **settings)
+    assert "step 3" in early and "grew before GradScaler's" in early
+    late = precision.scale_trace_mistake([False, False], [8.0, 8.0], [8.0, 16.0], **settings)
+    assert "did not" in late
+
+
+@pytest.mark.parametrize("mistake, says", [("update", "end every optimizer step with scaler.update()"),
+                                           ("optimizer.step", "instead of optimizer.step()"),
+                                           ("unscale twice", "unscale once per optimizer step")])
+def test_named_scaler_errors_names_gradscalers_complaints(mistake, says):
+    weight = torch.nn.Parameter(torch.ones(2))
+    sgd = torch.optim.SGD([weight], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    with pytest.raises(precision.CheckFailure, match="GradScaler refused a call") as failure, \
+            precision.named_scaler_errors("a step"):
+        for _ in range(2):
+            scaler.scale(weight.sum()).backward()
+            if mistake == "optimizer.step":
+                sgd.step()
+                scaler.update()
+            elif mistake == "unscale twice":
+                scaler.unscale_(sgd)
+            else:
+                scaler.step(sgd)
+    assert says in str(failure.value)
+
+
+def test_named_scaler_errors_lets_other_errors_through():
+    with pytest.raises(RuntimeError, match="unrelated"), precision.named_scaler_errors("a step"):
+        raise RuntimeError("unrelated")

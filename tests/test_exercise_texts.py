@@ -60,3 +60,29 @@ def test_spacing_line_breaks_and_case_do_not_hide_an_expression():
 
 def test_hints_are_left_out_of_the_text():
     assert HINTS.sub("", "ask <details><summary>Hint</summary>\n(N - B) / (N - 1)\n</details> why") == "ask  why"
+
+
+# The visible part of a test cell is read before answering too (issue 35): its source and messages name mistakes,
+# never the answer's formula. Notebooks join this list once their visible tests are clean.
+VISIBLE_CLEAN = ("01_gradient_descent", "02_autograd_graph", "03_minibatch_noise", "04_custom_function",
+                 "05_training_step", "06_mixed_precision", "07_distributed")
+
+
+def visible_tests() -> dict[str, str]:
+    """Exercise name → the source of its released test cell (hidden tests are not released) in VISIBLE_CLEAN."""
+    shown = {}
+    for assignment in assignments():
+        if assignment.name in VISIBLE_CLEAN:
+            for cell in nbformat.read(assignment.release, as_version=4).cells:
+                if cells.kind(cell) == cells.TEST:
+                    shown[cells.grade_id(cell)] = cell.source.split("### BEGIN HIDDEN TESTS")[0]
+    return shown
+
+
+VISIBLE = visible_tests()
+
+
+@pytest.mark.parametrize("name", sorted(VISIBLE))
+def test_visible_test_does_not_state_the_answer(name):
+    leaks = found(VISIBLE[name], FORBIDDEN.get(name, []))
+    assert not leaks, f"the visible test of {name} gives its answer away: {leaks}"

@@ -7,20 +7,24 @@ released skeleton, and copies disguised by reordering, dead code or rewritten ex
 
 Unit-level: the collector on zips built in memory, the comparison on answers in memory; no kernel."""
 
+import os
 import stat
 import sys
+import threading
 import unicodedata
 import zipfile
+from pathlib import Path
 from types import SimpleNamespace
 
 import nbformat
 import pytest
 
 from grader.author.mutants import reference_submission
-from grader.collect import submissions
+from grader.collect import lms_zip, submissions
 from grader.collect.submissions import CollectionError, collect, unpack_zip
 from grader.course import assignment_named, assignments
 from grader.report.similarity import MIN_TOKENS, SHARE, similarity, tokens
+from grader.results import NoteKind
 from labkit import cells
 
 ONE = "01_gradient_descent"
@@ -158,12 +162,13 @@ def test_rtl_and_control_characters_never_reach_the_terminal(tmp_path, capsys):
 def test_a_very_long_name_is_named_short(tmp_path):
     long = "a" * 5000
     found, result = unpacked(tmp_path, [(f"{long}/{ONE}/{A.notebook}", NOTEBOOK), (f"cid_3_4_{A.notebook}", NOTEBOOK)])
-    assert set(found) == {("cid_3", ONE)}
-    assert len(result.skipped) == 1 and len(result.skipped[0]) < 400 and result.skipped[0].endswith("(unsafe name)")
+    key = submissions.hashed_key(long)  # no safe key: a `refused` row, as folder collection gives such a folder
+    assert set(found) == {("cid_3", ONE), (key, "?")} and found[key, "?"].problem.kind == NoteKind.REFUSED
+    assert len(result.skipped) == 1 and len(result.skipped[0]) < 400 and result.skipped[0].endswith("says refused)")
 
 
 def test_a_zip_bomb_is_refused_before_anything_is_written(tmp_path, monkeypatch):
-    monkeypatch.setattr(submissions, "MAX_ZIP_BYTES", 2**20)  # the same check as at 2 GiB, on a small zip
+    monkeypatch.setattr(lms_zip, "MAX_ZIP_BYTES", 2**20)  # the same check as at 2 GiB, on a small zip
     archive = tmp_path / "bomb.zip"
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
         zf.writestr(f"ann_1_2_{A.notebook}", NOTEBOOK)
@@ -175,7 +180,7 @@ def test_a_zip_bomb_is_refused_before_anything_is_written(tmp_path, monkeypatch)
 
 
 def test_a_zip_of_too_many_members_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(submissions, "MAX_MEMBERS", 50)
+    monkeypatch.setattr(lms_zip, "MAX_MEMBERS", 50)
     with pytest.raises(CollectionError, match="more than 50 files"):
         unpacked(tmp_path, [(f"s{k}_{k}_1_{A.notebook}", "{}") for k in range(51)])
 
@@ -298,3 +303,88 @@ def test_a_copy_reordered_or_padded_with_dead_code_is_listed_and_a_rewritten_one
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+# --- a hand-in folder the student can still write -----------------------------------------------------------
+
+
+def test_a_notebook_swapped_for_a_fifo_after_listing_neither_hangs_collection_nor_is_read(tmp_path, monkeypatch):
+    folder = tmp_path / "sub" / "ann" / ONE
+    folder.mkdir(parents=True)
+    notebook = folder / A.notebook
+    notebook.write_text(NOTEBOOK)
+    listed = submissions._entries
+
+    def swapped(where):  # the student's racer: the listing saw a file, the open meets a FIFO
+        found = listed(where)
+        notebook.unlink()
+        os.mkfifo(notebook)
+        return found
+
+    monkeypatch.setattr(submissions, "_entries", swapped)
+    done = []
+    worker = threading.Thread(target=lambda: done.append(collect(tmp_path / "sub", assignments(), ONE)), daemon=True)
+    worker.start()
+    worker.join(10)
+    if worker.is_alive():  # today's code: blocked in open(); let it go before failing
+        os.close(os.open(notebook, os.O_WRONLY | os.O_NONBLOCK))
+    assert done, "collection blocked on a FIFO"
+
+
+def test_the_collection_reader_follows_no_link_to_a_file_or_through_a_folder(tmp_path):
+    secret = tmp_path / "secret.ipynb"
+    secret.write_text(NOTEBOOK)
+    folder = tmp_path / "ann" / ONE
+    folder.mkdir(parents=True)
+    (folder / "link.ipynb").symlink_to(secret)
+    (folder / "deep").symlink_to(tmp_path)  # a sub-folder swapped for a link after the listing
+    assert submissions.read_bounded(folder / "link.ipynb") == b""
+    assert submissions.read_bounded(folder / "deep" / "secret.ipynb", folder) == b""
+    assert submissions.read_bounded(Path("/dev/zero")) == b""
+    (folder / "real").mkdir()
+    (folder / "real" / "n.ipynb").write_text("{}")
+    assert submissions.read_bounded(folder / "real" / "n.ipynb", folder) == b"{}"
+
+
+# --- the student is always the LMS's own part of the name ------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, owner", [
+    (f"eve_5_6_x\\bob_999_1_{A.notebook}", "eve_5"),  # Canvas: "\" in Eve's own file name (Linux and macOS allow it)
+    (f"Eve_5_assignsubmission_file_x\\bob_999_1_{A.notebook}", "Eve_5"),  # Moodle's flat names, the same
+    (f"Eve_5_assignsubmission_file_x\\Bob_999_assignsubmission_file_\\{A.notebook}", "Eve_5"),
+])
+def test_a_backslash_in_a_students_own_file_name_never_hands_in_under_another_key(tmp_path, name, owner):
+    found, result = unpacked(tmp_path, [(name, NOTEBOOK), (f"carl_7_8_{A.notebook}", NOTEBOOK)])
+    assert set(found) == {(owner, ONE), ("carl_7", ONE)} and result.skipped == []
+    assert found[owner, ONE].notebook is not None  # graded as Eve's (its metadata names the assignment)
+
+
+def test_a_canvas_name_inside_a_folder_is_canvas_only_when_every_member_shares_that_folder(tmp_path):
+    found, result = unpacked(tmp_path, [(f"eve_5_6_x/bob_999_1_{A.notebook}", NOTEBOOK),
+                                        (f"carl_7_8_{A.notebook}", NOTEBOOK)])
+    assert set(found) == {("carl_7", ONE)}
+    assert result.skipped == [f"eve_5_6_x/bob_999_1_{A.notebook} (fits no known layout)"]
+    windows = member(f"canvas\\ann_1_2_{A.notebook}")
+    windows.create_system = 0
+    found, result = unpacked(_mkdir(tmp_path / "wrapped"), [(f"canvas/carl_7_8_{A.notebook}", NOTEBOOK), (windows, NOTEBOOK)])
+    assert set(found) == {("ann_1", ONE), ("carl_7", ONE)} and result.skipped == []
+
+
+def test_a_zip_student_with_no_safe_name_gets_the_refused_row_folder_collection_gives(tmp_path):
+    found, result = unpacked(tmp_path, [(f"张伟/{ONE}/{A.notebook}", NOTEBOOK), (f"ann/{ONE}/{A.notebook}", NOTEBOOK)])
+    folder = tmp_path / "folders" / "张伟" / ONE
+    folder.mkdir(parents=True)
+    (folder / A.notebook).write_text(NOTEBOOK)
+    [by_folder] = collect(tmp_path / "folders", assignments())
+    assert by_folder.student.startswith("unsafe-name~") and by_folder.problem.kind == NoteKind.REFUSED
+    assert set(found) == {("ann", ONE), (by_folder.student, "?")}
+    assert found[by_folder.student, "?"].problem.kind == NoteKind.REFUSED and "张伟" in found[by_folder.student, "?"].problem.text
+    assert len(result.skipped) == 1 and "the row unsafe-name~" in result.skipped[0]
+    alone = unpack_zip(build(tmp_path / "one.zip", [(f"李娜/{ONE}/{A.notebook}", NOTEBOOK)]), tmp_path / "one", assignments())
+    assert [s.problem.kind for s in collect(alone.root, assignments())] == [NoteKind.REFUSED]  # a row, not "no hand-in"
+
+
+def _mkdir(path):
+    path.mkdir()
+    return path

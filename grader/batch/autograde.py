@@ -25,6 +25,7 @@ from tqdm import tqdm
 from grader.batch import stopping
 from grader.batch.templates import TEMPLATES, grading_template  # noqa: F401 (gradescope's, and tests')
 from grader.collect.deadlines import Config, Lateness, Override, check_students, lateness, overrides_for, settle
+from grader.collect.files import read_regular
 from grader.collect.ledger import LEDGER, Ledger
 from grader.collect.submissions import MAX_NOTEBOOK_BYTES, Submission, collect, unpack_zip
 from grader.course import Assignment, assignments
@@ -73,18 +74,12 @@ def _fingerprint(sub: Submission, assignment: Assignment | None, timeout: int, s
     digest.update("\0".join(note.text for note in sub.notes).encode())
     if sub.notebook is not None:
         try:
-            digest.update(sub.notebook.name.encode() + b"\0" + _read_bounded(sub.notebook))
+            digest.update(sub.notebook.name.encode() + b"\0" + read_regular(sub.notebook, MAX_NOTEBOOK_BYTES + 1))
         except OSError as exc:  # unreadable now: the worker will say so; hash the reason
             digest.update(type(exc).__name__.encode())
     if assignment is not None:
         digest.update(assignment.source.read_bytes())
     return digest.hexdigest()
-
-
-def _read_bounded(path: Path) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
-    with os.fdopen(fd, "rb") as f:
-        return f.read(MAX_NOTEBOOK_BYTES + 1)
 
 
 class WorkerProcess:

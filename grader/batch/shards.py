@@ -39,6 +39,7 @@ import shutil
 from pathlib import Path
 
 from grader.collect.deadlines import Config
+from grader.collect.files import read_regular
 from grader.collect.submissions import MAX_NOTEBOOK_BYTES, Submission
 from grader.course import Assignment, assignments
 from grader.report.outputs import write_outputs
@@ -89,10 +90,8 @@ def hand_ins_digest(subs: list[Submission]) -> str:
 
 
 def _read(path: Path, limit: int = -1) -> bytes:
-    """A regular file's bytes, never through a link."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
-    with os.fdopen(fd, "rb") as f:
-        return f.read(limit)
+    """A regular file's bytes, never through a link (grader/collect/files.py)."""
+    return read_regular(path, limit)
 
 
 def grading_digest(code: str, settings: list, config: Config, known: dict[str, Assignment]) -> str:

@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import re
-import stat
 import sys
 import time
 import traceback
@@ -28,6 +27,7 @@ from nbformat.validator import get_validator
 from grader.author.mutants import load_mutants
 from grader.batch import stopping
 from grader.collect.deadlines import settle
+from grader.collect.files import read_regular
 from grader.collect.submissions import MAX_NOTEBOOK_BYTES
 from grader.course import assignment_named, put_interpreter_on_path
 from grader.judge.rebuild import rebuild
@@ -74,11 +74,7 @@ def check_json_bounds(data: bytes) -> None:
 
 def _load(path: Path) -> nbformat.NotebookNode:
     """The handed-in notebook: a regular file (never through a link), bounded in size, values and depth, nbformat 4."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise ValueError("not a regular file")
-        data = f.read(MAX_NOTEBOOK_BYTES + 1)
+    data = read_regular(path, MAX_NOTEBOOK_BYTES + 1)
     if len(data) > MAX_NOTEBOOK_BYTES:
         raise TooLarge(f"larger than {MAX_NOTEBOOK_BYTES // 2**20} MB")
     check_json_bounds(data)

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import replace
 from pathlib import Path
 
 from grader.collect.deadlines import Override
+from grader.collect.files import read_regular
 from grader.collect.submissions import MAX_NOTEBOOK_BYTES
 from grader.results import write_whole
 
@@ -29,9 +29,7 @@ def hand_in_digest(notebook: Path | None) -> str:
     if notebook is None:
         return ""
     try:
-        fd = os.open(notebook, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
-        with os.fdopen(fd, "rb") as f:
-            return hashlib.sha256(f.read(MAX_NOTEBOOK_BYTES + 1)).hexdigest()
+        return hashlib.sha256(read_regular(notebook, MAX_NOTEBOOK_BYTES + 1)).hexdigest()
     except OSError as exc:
         return type(exc).__name__
 

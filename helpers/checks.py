@@ -125,6 +125,12 @@ def earlier_exercise(number: int, name: str) -> Iterator[None]:
             f"exercise {number} (`{name}`) is not written yet — finish it first (this test uses it).") from None
     except CheckFailure as failure:
         raise CheckFailure(f"exercise {number} (`{name}`) is wrong — fix it first (this test uses it). {failure}") from None
+    except NameError as error:
+        if error.name != name or _answer_frames(error.__traceback__):
+            raise CheckFailure(f"exercise {number} (`{name}`) is wrong — fix it first (this test uses it). It raised "
+                               f"NameError: {error}") from None
+        raise CheckFailure(f"`{name}` (exercise {number}, which this test uses) is not defined in this kernel: run its "
+                           "answer cell (after a kernel restart, run the notebook from the top).") from None
     except Exception as error:  # any error of the earlier answer is that answer's to fix
         raise CheckFailure(f"exercise {number} (`{name}`) is wrong — fix it first (this test uses it). It raised "
                            f"{type(error).__name__}: {error}") from None

@@ -114,6 +114,8 @@ def test_an_earlier_exercise_is_blamed_for_its_own_mistakes():
     assert isinstance(caught.value, NotImplementedError)  # a blank notebook still fails only with NotImplementedError
     with earlier_exercise(1, "mse_grad"):
         pass  # a correct earlier answer is silent
+    with pytest.raises(CheckFailure, match=r"`mse_grad` \(exercise 1, which this test uses\) is not defined in this kernel"):
+        in_cell("with earlier_exercise(1, 'mse_grad'):\n    mse_grad(1, 2, 3)\n", 20, {"earlier_exercise": earlier_exercise})
 
 
 def in_cell(source: str, number: int, env: dict) -> None:

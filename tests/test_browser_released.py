@@ -4,15 +4,15 @@ A JupyterLab server and one Chromium page of this module's own (browser_lab.lab_
 tests/test_browser.py) serve a copy of notebooks/. Each notebook (notebooks/*/*.ipynb) is run from Run → Run All
 Cells with its blank answers; the browser stops at the first error, so the test resumes with Run → Run Selected Cell
 and All Below on the next cell, as a student would. Asserted: the student-experience rule in
-`browser_lab.student_experience_problems` (no error before the first exercise; test cells fail with
-NotImplementedError only; later cells only with NotImplementedError or a NameError it caused). Artifacts in
-test-artifacts/browser/: a screenshot per notebook at its first NotImplementedError, and timings-released.json.
+`browser_lab.student_experience_problems` (no error before the first exercise; test cells fail only with the
+message that names the blank exercise, no traceback; answer cells only with NotImplementedError). Artifacts in
+test-artifacts/browser/: a screenshot per notebook at its first blank exercise, and timings-released.json.
 """
 
 from __future__ import annotations
 
 import pytest
-from browser_lab import CellRun, errors, lab_fixture, notebooks_in, screenshot, student_experience_problems
+from browser_lab import NAMED_BLANK, CellRun, errors, lab_fixture, notebooks_in, screenshot, student_experience_problems
 from conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -46,8 +46,8 @@ def test_released_notebook_student_experience(lab, path):
             runs.append(CellRun(c["index"], kind, info.get("grade_id", ""), c["source"],
                                 c["execution_count"] is not None, errors(c)))
         problems = student_experience_problems(runs)
-        first_nie = next((c["index"] for c in code if any(e == "NotImplementedError" for e, _ in errors(c))), 0)
-        page.scroll_to(first_nie, output=True)
+        first_blank = next((c["index"] for c in code if any(e in NAMED_BLANK for e, _ in errors(c))), 0)
+        page.scroll_to(first_blank, output=True)
         shot = screenshot(page, f"{path.stem}-released")
     finally:
         page.close_notebook()

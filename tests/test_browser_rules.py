@@ -17,10 +17,11 @@ def test_not_implemented_includes_a_workers_quoted_traceback():
 
 def test_student_experience_rule():
     nie = [("NotImplementedError", "")]
+    named = [("ExerciseNotAnswered", "exercise 1 (`f`) is not answered yet: …")]
     cells = [
         CellRun(0, "other", "setup", "x = 1", True),
         CellRun(1, "answer", "f_answer", "def f():\n    raise NotImplementedError()", True),
-        CellRun(2, "test", "f", "f()", True, nie),
+        CellRun(2, "test", "f", "with exercise_test(1, 'f'):\n    f()", True, named),
         CellRun(3, "other", "demo", "with needs_exercise(1, 'f'):\n    plot(f())", True),
     ]
     assert student_experience_problems(cells) == []
@@ -30,9 +31,10 @@ def test_student_experience_rule():
         CellRun(6, "test", "g", "g()", True),
         CellRun(7, "test", "h", "h()", True, [("NameError", "name 'lr' is not defined")]),
         CellRun(8, "other", "late", "1 / 0", False),
+        CellRun(9, "test", "k", "k()", True, nie),  # a bare NotImplementedError shows a traceback: not named
     ]
     problems = student_experience_problems(bad)
-    assert [re.match(r"cell (\d+)", p).group(1) for p in problems] == ["4", "5", "6", "7", "8"]
+    assert [re.match(r"cell (\d+)", p).group(1) for p in problems] == ["4", "5", "6", "7", "8", "9"]
     assert student_experience_problems([CellRun(0, "other", "setup", "import torch", True, [("ImportError", "x")])])
 
 

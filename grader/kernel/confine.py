@@ -31,6 +31,37 @@ from grader.kernel.syscalls import (
 WORK = "/tmp/work"  # the kernel's home and working folder
 OPEN_FILES = 4096  # per process (RLIMIT_NOFILE, soft and hard)
 
+# Per-user kernel quotas. The kernel charges what a sandbox's processes take to their uid in its user namespace
+# and, level by level, to the namespace's owner above it (Linux >= 5.14: ucounts): the grading user — root, when
+# grading as root. Uncapped, one hand-in could take the grading user's whole quota (128 inotify instances here),
+# and every process of that user would be refused meanwhile. Capped in the sandbox's own namespace, a kernel takes
+# at most these from the grading user; a few kernels at once leave it most of each (tests/test_hardening_quotas.py).
+USER_NS_QUOTAS = {  # /proc/sys/user/* in the sandbox's user namespace, written by its PID 1 (grader/kernel/pid1.py)
+    "max_inotify_instances": 8, "max_inotify_watches": 8192,
+    "max_fanotify_groups": 0, "max_fanotify_marks": 0,  # fanotify_init is refused by the seccomp filter anyway
+    # nothing may make a namespace (seccomp refuses it too); the sandbox's own were made before
+    **{f"max_{kind}_namespaces": 0 for kind in ("user", "ipc", "mnt", "net", "pid", "uts", "cgroup", "time")},
+}
+QUOTA_RLIMITS = (  # charged the same way, checked against the limit of the process they are charged to
+    ("RLIMIT_SIGPENDING", 256),  # signals queued (sigqueue, POSIX timers); the host's default is ~ 96000
+    ("RLIMIT_MSGQUEUE", 64 * 1024),  # bytes of POSIX message queues; the host's default is 800 KiB
+    ("RLIMIT_MEMLOCK", 64 * 1024),  # locked System V memory (SHM_LOCK) and mlock; Docker's default
+)
+
+
+def cap_user_quotas(sysctl_user: str) -> None:
+    """Cap what the sandbox may take of the grading user's per-user quotas: the user namespace's own limits in
+    `sysctl_user` (its /proc/sys/user, as the namespace's owner, which may write them), and the resource limits
+    charged the same way, for this process and every one it starts. A limit this Linux has no file for is skipped;
+    one it refuses to set is an error: the sandbox is not built."""
+    for name, value in USER_NS_QUOTAS.items():
+        path = os.path.join(sysctl_user, name)
+        if os.path.exists(path):
+            with open(path, "w") as f:
+                f.write(f"{value}\n")
+    for name, value in QUOTA_RLIMITS:
+        resource.setrlimit(getattr(resource, name), (value, value))
+
 
 def drop_privileges() -> None:
     """No capability, now or after any exec (empty bounding set, no_new_privs)."""

@@ -13,6 +13,8 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from grader.kernel.confine import QUOTA_RLIMITS, USER_NS_QUOTAS
+
 # torch needs about 1.5 GiB of address space to load; notebooks that start two gloo ranks need more
 MEMORY_ENV = "COURSE_SANDBOX_MEMORY_BYTES"
 DEFAULT_MEMORY_BYTES = 4 * 2**30
@@ -251,8 +253,9 @@ def enforcement() -> dict[str, str]:
               f"NO cgroup here (no delegated cgroup v2 memory controller, no writable v1 hierarchy): a watchdog "
               f"in the sandbox's PID 1 kills the submission when it holds more than {limits.memory_bytes} bytes: "
               f"the anonymous and shared memory of every process of its PID namespace (undumpable ones at their "
-              f"resident size), System V IPC, memfd files, its /tmp and /dev/shm, and the buffers of every socket "
-              f"of its network namespace (polled every 50 ms)")
+              f"resident size), System V IPC, its /tmp and /dev/shm, and the buffers of every socket of its network "
+              f"namespace (polled every 50 ms); shared memory it could not count is refused (memfd_create, "
+              f"anonymous shared mappings); NOT pipe buffers")
     if cgroups is None:
         from grader.kernel.memwatch import socket_bytes
 
@@ -269,6 +272,9 @@ def enforcement() -> dict[str, str]:
         "writable space": f"tmpfs /tmp {limits.disk_bytes} bytes, /dev/shm {limits.shm_bytes} bytes, "
                           f"{limits.file_bytes} bytes per file (RLIMIT_FSIZE)",
         "cpu": f"RLIMIT_CPU {limits.cpu_seconds} s per process",
+        "per-user quotas": "capped in the submission's user namespace, so it takes at most this much of yours: "
+                           + ", ".join(f"{name} {value}" for name, value in USER_NS_QUOTAS.items() if value)
+                           + ", " + ", ".join(f"{name} {value}" for name, value in QUOTA_RLIMITS),
         "user": ("uid nobody outside its user namespace, no capabilities" if os.geteuid() == 0 else
                  f"uid {os.geteuid()} (yours) outside its user namespace, no capabilities"),
         "system calls": "seccomp filter at least as strict as Docker's default profile (grader/kernel/seccomp.py); "

@@ -50,17 +50,20 @@ def _memfd_bytes(pids: list[int]) -> int:
 
 
 def _sysv_bytes() -> int:
-    """System V shared memory no process has attached (attached segments count as the processes' memory),
-    and message queues: they live in the namespace, not in any process."""
+    """System V shared memory and message queues: they live in the namespace, not in any process.
+
+    Every segment at the pages it holds (`rss` and `swap`: the segment's own, whether or not a process maps
+    them; a segment a process maps counts again in that process: an upper bound). Counted only as mapped, a
+    segment would hide behind madvise(MADV_DONTNEED), which drops the pages from the process, not from the
+    segment."""
     total = 0
-    for table, column, attached in (("shm", "rss", "nattch"), ("msg", "cbytes", None)):
+    for table, columns in (("shm", ("rss", "swap")), ("msg", ("cbytes",))):
         try:
             with open(f"/proc/sysvipc/{table}") as f:
                 header = f.readline().split()
                 for line in f:
                     row = dict(zip(header, line.split()))
-                    if attached is None or row.get(attached) == "0":
-                        total += int(row.get(column, 0))
+                    total += sum(int(row.get(column, 0)) for column in columns)
         except (OSError, ValueError):
             pass
     return total

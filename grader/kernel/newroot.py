@@ -41,7 +41,10 @@ from labkit.forking import fork_child
 
 INSIDE_UID = INSIDE_GID = 1000  # the student's uid in its user namespace
 NOBODY = 65534  # who a root grader's kernels are outside their namespace
-DEVICES = ("null", "zero", "full", "random", "urandom")
+# the device nodes the sandbox shows, and what serves each: /dev/full reads as zeros like /dev/zero but cannot be
+# mapped, so no process makes anonymous shared memory through /dev/zero (seccomp refuses the other way in:
+# grader/kernel/seccomp.py UNCOUNTABLE); writing to it fails (ENOSPC) where /dev/zero would discard
+DEVICES = {"null": "null", "zero": "full", "full": "full", "random": "random", "urandom": "urandom"}
 
 
 def _mount_flags(path: str) -> int:
@@ -119,8 +122,9 @@ class Opened:
 
     @classmethod
     def of(cls, request: Request) -> Opened:
-        return cls(_open_sources(request["ro_binds"]), _open_sources([f"/dev/{node}" for node in DEVICES]),
-                   os.open(request["folder"], os.O_PATH | os.O_DIRECTORY))
+        devices = [(f"/dev/{node}", fd, False) for node, served_by in DEVICES.items()
+                   for _, fd, _ in _open_sources([f"/dev/{served_by}"])]
+        return cls(_open_sources(request["ro_binds"]), devices, os.open(request["folder"], os.O_PATH | os.O_DIRECTORY))
 
     def close(self) -> None:
         for _, source, _ in self.binds + self.devices:

@@ -5,9 +5,12 @@ does not list with EPERM. For a process with no capabilities — the kernel and 
 this filter allows exactly Docker's unconditional list (`DOCKER_ALLOWED`) and Docker's conditional rules
 as they apply without capabilities (clone without namespace flags, clone3 answered ENOSYS so that the C
 library falls back to clone, socket but AF_ALG and AF_VSOCK, personality with the harmless values, the
-architecture's own calls), and is stricter in three places: ptrace and process_vm_readv/writev (Docker
-allows them on kernels ≥ 4.8) and memfd_secret are refused, and prctl(PR_SET_DUMPABLE) can only keep a process dumpable,
-so every process of a submission stays countable by the sandbox's PID 1 (grader/kernel/memwatch.py).
+architecture's own calls), and is stricter in four places: ptrace and process_vm_readv/writev (Docker
+allows them on kernels ≥ 4.8) and memfd_secret are refused; prctl(PR_SET_DUMPABLE) can only keep a process dumpable,
+so every process of a submission stays countable by the sandbox's PID 1 (grader/kernel/memwatch.py); and no
+shared memory may be made that nothing of the sandbox can count (`UNCOUNTABLE`): memfd_create is answered ENOSYS
+(libraries fall back to a file in /dev/shm or /tmp, the sandbox's own tmpfs: asmjit in torch, libffi), and
+mmap(MAP_SHARED | MAP_ANONYMOUS) EPERM (the sandbox's /dev/zero cannot be mapped either: grader/kernel/newroot.py).
 keyctl, add_key and request_key are on no list: a kernel cannot reach any keyring, not even its own.
 
 Built once in the fork server with libseccomp (through pyseccomp; no hand-written BPF) and loaded by each
@@ -60,6 +63,12 @@ DOCKER_ALLOWED = """
 # Refused although Docker allows them: reading or tracing another process (on kernels >= 4.8), and memory
 # that no /proc file of a process shows (secret memory: the watchdog could not count it).
 STRICTER = ("ptrace", "process_vm_readv", "process_vm_writev", "memfd_secret")
+# Shared memory that lives in no file system of the sandbox and whose pages no /proc file shows once the
+# process lets go of them: a memfd sent over a unix socket (SCM_RIGHTS) and closed is in no process's descriptor
+# table; an anonymous shared mapping's pages leave the process's resident set on madvise(MADV_DONTNEED) or a
+# partial munmap and stay allocated (2.4 GiB held over a 1.5 GiB limit). The watchdog could not see either.
+UNCOUNTABLE = ("memfd_create", "mmap", "mmap2")
+MAP_SHARED, MAP_ANONYMOUS = 0x01, 0x20  # MAP_SHARED_VALIDATE (0x03) has MAP_SHARED's bit
 ARCH_ALLOWED = {  # Docker's per-architecture rules
     "x86_64": ("arch_prctl", "modify_ldt"), "aarch64": ("arm_fadvise64_64", "arm_sync_file_range", "sync_file_range2",
                                                        "breakpoint", "cacheflush", "set_tls"),
@@ -106,7 +115,7 @@ def build(network: bool = True):
         flt.set_attr(sc.Attr.CTL_OPTIMIZE, 2)
     except OSError:
         pass  # libseccomp before 2.5: the list
-    refused = STRICTER + ("prctl",) + (() if network else ("socketcall",))  # socketcall: socket() on 32-bit x86
+    refused = STRICTER + UNCOUNTABLE + ("prctl",) + (() if network else ("socketcall",))  # socketcall: 32-bit x86
     allowed = [name for name in DOCKER_ALLOWED if name not in refused]
     allowed += ARCH_ALLOWED.get(os.uname().machine, ())
     for name in allowed:
@@ -115,6 +124,11 @@ def build(network: bool = True):
     flt.add_rule(sc.ALLOW, "clone", sc.Arg(1 if os.uname().machine == "s390x" else 0, sc.MASKED_EQ,
                                            CLONE_NAMESPACE_FLAGS, 0))
     flt.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+    flt.add_rule(sc.ERRNO(errno.ENOSYS), "memfd_create")  # ENOSYS: what callers take for "fall back"
+    for mmap in ("mmap", "mmap2"):  # every mapping but an anonymous shared one (flags, the fourth argument)
+        if sc.resolve_syscall(sc.Arch.NATIVE, mmap) != -1:
+            flt.add_rule(sc.ALLOW, mmap, sc.Arg(3, sc.MASKED_EQ, MAP_ANONYMOUS, 0))
+            flt.add_rule(sc.ALLOW, mmap, sc.Arg(3, sc.MASKED_EQ, MAP_SHARED, 0))
     if network:
         flt.add_rule(sc.ALLOW, "socket", sc.Arg(0, sc.LT, AF_ALG))
         flt.add_rule(sc.ALLOW, "socket", sc.Arg(0, sc.EQ, AF_ALG + 1))

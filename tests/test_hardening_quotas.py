@@ -1,0 +1,296 @@
+"""Attacks on what one hand-in's kernel can take outside its sandbox (issue 36, items 1 and 2).
+
+Memory the watchdog cannot see: where no memory cgroup holds a submission (a non-root grader, COURSE_SANDBOX_CGROUPS
+off), the sandbox's PID 1 adds up what it holds (grader/kernel/memwatch.py). Shared memory that lives outside every
+file system of the sandbox once dropped from the page tables, or that no process holds, once escaped it. Per-user
+quotas: what a kernel's processes take of inotify, queued signals and POSIX message queues is charged to the
+grading user, whose every process was refused while a hand-in held them all.
+
+Run as root here, and again with the grader started as `nobody` (tests/test_sandbox.py
+`test_attacks_hold_for_an_unprivileged_grader` runs this file too): then the charges go to nobody, and no cgroup
+holds the kernels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import json
+import os
+import signal
+
+import pytest
+from unix_users import unavailable
+
+from grader.kernel import confine, harness, kernelspec, sandbox
+from grader.kernel.harness import DIED
+
+pytestmark = pytest.mark.slow
+MiB = 2**20
+# small: the kernel itself (torch imported) holds about 350 MiB; each attack tries to hold 768 MiB on top
+LIMITS = {"memory_bytes": 768 * MiB, "address_space_bytes": 4096 * MiB, "disk_bytes": 32 * MiB, "shm_bytes": 8 * MiB,
+          "file_bytes": 128 * MiB, "processes": 64, "cpu_seconds": 30}
+HOLD_MIB = 768
+
+
+def _server(cgroups: bool) -> sandbox.ForkServer:
+    problem = sandbox.why_unavailable()
+    if problem:
+        unavailable(f"the kernel sandbox cannot be built here: {problem}")
+    srv = sandbox.ForkServer()
+    srv.limits = dataclasses.replace(srv.limits, **LIMITS)
+    if not cgroups:
+        srv.cgroups = None
+    return srv
+
+
+@pytest.fixture(scope="module")
+def watched_server():
+    """A server whose kernels' memory only the sandbox's PID 1 counts (no cgroup): what a non-root grader gets."""
+    srv = _server(cgroups=False)
+    yield srv
+    srv.close()
+
+
+@pytest.fixture
+def watched(watched_server):
+    """Start kernels from the watched server; each one is stopped at the end of the test."""
+    started: list[harness.Kernel] = []
+    factory = kernelspec.kernel_factory(watched_server)
+
+    def new() -> harness.Kernel:
+        started.append(factory())
+        return started[-1]
+
+    yield new
+    for kernel in started:
+        kernel.stop()
+
+
+def _text(step) -> str:
+    return "".join(o.get("text", "") for o in step.outputs if o["output_type"] == "stream")
+
+
+# --- 1. memory the watchdog cannot see ------------------------------------------------------------------------
+
+# Each attack holds HOLD_MIB in chunks, each filled with its own byte, and reports what it holds as `held` (bytes
+# it filled and can still read back), or the error that stopped it.
+PRELUDE = f"""
+import ctypes, errno, mmap, os, socket, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+libc.shmat.restype = ctypes.c_void_p
+CHUNK, CHUNKS = 128 * 2**20, {HOLD_MIB} // 128
+held, stopped, maps = 0, "", []
+def fill_and_drop(m, i):  # fill a shared mapping, drop it from the page tables, keep it: what it still holds
+    for off in range(0, CHUNK, 2**20):
+        m[off:off + 2**20] = bytes([i + 1]) * 2**20
+    m.madvise(mmap.MADV_DONTNEED)
+    maps.append(m)
+    return CHUNK * (m[CHUNK // 2] == i + 1)
+"""
+ATTACKS = {
+    # shared anonymous memory dropped from the page tables: the pages stay in the shared object
+    "shared anonymous, MADV_DONTNEED": """
+for i in range(CHUNKS):
+    held += fill_and_drop(mmap.mmap(-1, CHUNK), i)  # MAP_SHARED | MAP_ANONYMOUS
+""",
+    # the same, unmapped but for one page: the mapping shows 4 KiB, the object holds all of it
+    "shared anonymous, unmapped but a page": """
+for i in range(CHUNKS):
+    p = libc.mmap(None, CHUNK, 3, 0x21, -1, 0)
+    if p in (None, ctypes.c_void_p(-1).value):
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    ctypes.memset(p, i + 1, CHUNK)
+    libc.munmap(p + 4096, CHUNK - 4096)
+    held += CHUNK * (ctypes.c_ubyte.from_address(p).value == i + 1)
+""",
+    "/dev/zero mapped shared, MADV_DONTNEED": """
+zero = os.open("/dev/zero", os.O_RDWR)
+for i in range(CHUNKS):
+    held += fill_and_drop(mmap.mmap(zero, CHUNK, mmap.MAP_SHARED), i)
+""",
+    # memfd files in flight in a unix socket, closed by the sender: no process holds them
+    "memfd in flight": """
+a, b = socket.socketpair()
+for i in range(CHUNKS):
+    fd = os.memfd_create(f"hold-{i}")
+    for _ in range(CHUNK // 2**20):
+        os.write(fd, bytes([i + 1]) * 2**20)
+    socket.send_fds(a, [b"m"], [fd])
+    os.close(fd)
+    held += CHUNK
+""",
+    # a System V segment still attached, dropped from the page tables
+    "System V attached, MADV_DONTNEED": """
+for i in range(CHUNKS):
+    segment = libc.shmget(0, ctypes.c_size_t(CHUNK), 0o600)
+    if segment < 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    p = libc.shmat(segment, None, 0)
+    ctypes.memset(p, i + 1, CHUNK)
+    libc.madvise(p, CHUNK, 4)
+    held += CHUNK * (ctypes.c_ubyte.from_address(p + CHUNK // 2).value == i + 1)
+""",
+}
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
+def test_shared_memory_the_watchdog_cannot_count_is_refused_or_counted(watched, attack):
+    """Each attack held 768 MiB over the kernel's own 350 under a 768 MiB limit, the data intact, status ok. Now
+    either the sandbox refuses to make such memory, or the watchdog counts it and stops the submission."""
+    code = PRELUDE + "try:\n" + "".join(f"    {line}\n" for line in ATTACKS[attack].strip().splitlines())
+    code += "except OSError as exc:\n    stopped = f'{type(exc).__name__}: {exc}'\n"
+    code += "time.sleep(1.5)\nprint('RESULT', held, stopped)\n"
+    step = watched().run(code, 90)
+    if step.failure == DIED:
+        assert step.reason == "memory limit: the submission used more than the 768 MiB limit (watchdog)", step.reason
+        return
+    text = _text(step)
+    errors = [f"{o['ename']}: {o['evalue']}" for o in step.outputs if o["output_type"] == "error"]
+    assert "RESULT" in text and not errors, (step.failure, text, errors)
+    held, _, stopped = text.split("RESULT ", 1)[1].strip().partition(" ")
+    assert int(held) == 0 and stopped, f"{attack}: held {int(held) // MiB} MiB unseen ({stopped or 'not stopped'})"
+
+
+def test_what_libraries_need_still_works(watched):
+    """Refused: memfd_create (ENOSYS, which callers take for 'fall back') and anonymous shared mappings. Private
+    memory, files mapped shared, /dev/shm, /dev/zero's zeros, and torch's shared tensors all work."""
+    step = watched().run(PRELUDE + """
+import json, multiprocessing, torch
+result = {}
+try:
+    os.memfd_create("x")
+except OSError as exc:
+    result["memfd_create"] = exc.errno
+m = mmap.mmap(-1, 2**20, flags=mmap.MAP_PRIVATE)
+m[:5] = b"hello"
+result["private"] = m[:5].decode()
+with open("/dev/shm/shared", "w+b") as f:
+    f.truncate(2**20)
+    result["file shared"] = len(mmap.mmap(f.fileno(), 2**20))
+result["zeros"] = open("/dev/zero", "rb").read(4).hex()
+t = torch.zeros(1000).share_memory_()
+result["torch shared"] = bool(t.is_shared())
+value = multiprocessing.get_context("fork").Value("i", 7)
+result["multiprocessing"] = value.value
+print("RESULT", json.dumps(result))
+""", 90)
+    text = _text(step)
+    assert "RESULT" in text, (step.failure, text, step.outputs)
+    assert json.loads(text.split("RESULT ", 1)[1]) == {"memfd_create": 38, "private": "hello", "file shared": 2**20,
+                                                        "zeros": "00000000", "torch shared": True,
+                                                        "multiprocessing": 7}
+
+
+# --- 2. per-user quotas -----------------------------------------------------------------------------------------
+
+# In a child (one thread, the real-time signal blocked): take as much as the kernel lets it of each quota, report,
+# and hold it all until killed.
+HOLD_QUOTAS = """
+import ctypes, itertools, json, os, signal, time
+r, w = os.pipe()
+if os.fork() == 0:
+    os.close(r)
+    libc = ctypes.CDLL(None, use_errno=True)
+    held = {}
+    instances = []
+    while len(instances) < 100000 and (fd := libc.inotify_init1(0)) >= 0:
+        instances.append(fd)
+    held["inotify instances"] = len(instances)
+    every = (os.path.join(root, name) for root, folders, files in os.walk("/usr") for name in folders + files)
+    paths = list(itertools.islice(every, PATHS))
+    watches = set()  # (instance, watch): a second path to a watched file (a link) gives the same watch
+    for fd in instances:
+        for path in paths:
+            if (wd := libc.inotify_add_watch(fd, path.encode(), 0x100)) >= 0:
+                watches.add((fd, wd))
+            elif ctypes.get_errno() == 28:  # ENOSPC: this user's watches are used up
+                break
+        else:
+            continue
+        break
+    held["inotify watches"] = len(watches)
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGRTMIN])
+    queued = 0
+    while queued < 10**6 and libc.sigqueue(os.getpid(), signal.SIGRTMIN, ctypes.c_void_p(1)) == 0:
+        queued += 1
+    held["queued signals"] = queued
+    attr = (ctypes.c_long * 8)(0, 2, 4096, 0)  # 2 messages of 4 KiB: about 8 KiB of the quota each
+    libc.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    queues = 0
+    while queues < 1000 and libc.mq_open(f"/hold-{queues}".encode(), os.O_CREAT | os.O_RDWR, 0o600, attr) >= 0:
+        queues += 1
+    held["message queues"] = queues
+    os.write(w, json.dumps(held).encode())
+    os.close(w)
+    time.sleep(3600)
+    os._exit(0)
+os.close(w)
+print("RESULT", os.read(r, 10000).decode())
+"""
+
+
+def _grading_user_can_use_each_quota() -> dict[str, int]:
+    """0 for each quota this process (the grading user) can still use, or the errno it got."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    result = {}
+    fd = libc.inotify_init1(0)
+    result["inotify_init1"] = ctypes.get_errno() if fd < 0 else 0
+    if fd >= 0:
+        result["inotify_add_watch"] = 0 if libc.inotify_add_watch(fd, b"/usr", 0x100) >= 0 else ctypes.get_errno()
+        os.close(fd)
+    sig = signal.SIGRTMIN + 1
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, [sig])
+    try:
+        queued = libc.sigqueue(os.getpid(), sig, ctypes.c_void_p(1))
+        result["sigqueue"] = ctypes.get_errno() if queued < 0 else 0
+        if queued == 0:
+            signal.sigwaitinfo([sig])
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    libc.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    name = f"/tml-quota-check-{os.getpid()}".encode()
+    queue = libc.mq_open(name, os.O_CREAT | os.O_RDWR, 0o600, None)  # the default: 10 messages of 8 KiB
+    result["mq_open"] = ctypes.get_errno() if queue < 0 else 0
+    if queue >= 0:
+        os.close(queue)
+        libc.mq_unlink(name)
+    return result
+
+
+def test_kernels_take_at_most_their_share_of_the_grading_users_quotas():
+    """Three kernels at once (a batch runs several), each taking all it can of each quota, and the grading user
+    still gets each meanwhile. Before, the first kernel took it all: EMFILE from inotify_init1 and mq_open, EAGAIN
+    from sigqueue, for every process of the grading user (of root, when grading as root)."""
+    assert _grading_user_can_use_each_quota() == {name: 0 for name in ("inotify_init1", "inotify_add_watch", "sigqueue",
+                                                                       "mq_open")}
+    with open("/proc/sys/user/max_inotify_watches") as f, open("/proc/sys/user/max_inotify_instances") as g:
+        paths = int(f.read()) // int(g.read()) + 100  # enough for all of the user's watches, had it all instances
+    srv = _server(cgroups=True)
+    # alongside one another, as a worker starts the next kernel while one grades (a `background` makes the factory
+    # start each beside those running, not after them); stopping runs right here
+    start = kernelspec.kernel_factory(srv, background=lambda stop: stop())
+    kernels = []
+    try:
+        for _ in range(3):
+            kernels.append(start())
+            step = kernels[-1].run(HOLD_QUOTAS.replace("PATHS", str(paths)), 120)
+            text = _text(step)
+            assert "RESULT" in text, (step.failure, step.reason, text, step.outputs)
+            held = json.loads(text.split("RESULT ", 1)[1])
+            quotas = confine.USER_NS_QUOTAS
+            assert held["inotify instances"] <= quotas["max_inotify_instances"], held
+            assert held["inotify watches"] <= quotas["max_inotify_watches"], held
+            assert held["queued signals"] <= dict(confine.QUOTA_RLIMITS)["RLIMIT_SIGPENDING"], held
+            assert held["message queues"] * 8192 <= dict(confine.QUOTA_RLIMITS)["RLIMIT_MSGQUEUE"], held
+            assert _grading_user_can_use_each_quota() == {"inotify_init1": 0, "inotify_add_watch": 0, "sigqueue": 0,
+                                                          "mq_open": 0}, (len(kernels), held)
+        assert ["alive" in _text(kernel.run("print('alive')", 30)) for kernel in kernels] == [True] * 3  # all at once
+    finally:
+        for kernel in kernels:
+            kernel.stop()
+        srv.close()

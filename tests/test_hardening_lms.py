@@ -23,6 +23,7 @@ from grader.author.mutants import reference_submission
 from grader.collect import lms_zip, submissions
 from grader.collect.submissions import CollectionError, collect, unpack_zip
 from grader.course import assignment_named, assignments
+from grader.report import similarity as similarity_module
 from grader.report.similarity import MIN_TOKENS, SHARE, similarity, tokens
 from grader.results import NoteKind
 from labkit import cells
@@ -301,8 +302,6 @@ def test_a_copy_reordered_or_padded_with_dead_code_is_listed_and_a_rewritten_one
     assert padded["mse_grad_answer"].count("_unused") >= 2 and share(padded) >= SHARE
     assert share(REWRITTEN) < SHARE  # the limit docs/instructor/grading.md names: expressions rewritten throughout
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q"]))
 
 
 # --- a hand-in folder the student can still write -----------------------------------------------------------
@@ -388,3 +387,35 @@ def test_a_zip_student_with_no_safe_name_gets_the_refused_row_folder_collection_
 def _mkdir(path):
     path.mkdir()
     return path
+
+
+def share(copy, original=None):
+    from test_similarity import ORIGINAL
+
+    found = similarity([{"student": s, "assignment": ONE, "answers": a}
+                        for s, a in {"p": original or ORIGINAL, "q": copy}.items()])["assignments"][ONE]["pairs"]
+    return found[0]["similarity"] if found else 0.0
+
+
+@pytest.mark.parametrize("line", ["%env X=(", "!echo \\(", "!echo '", "%alias_magic -l q (", "x = (", "  )"])
+@pytest.mark.parametrize("ipython", [True, False])
+def test_a_line_that_does_not_tokenize_in_every_answer_cell_hides_no_copy(monkeypatch, line, ipython):
+    from test_similarity import COPY, ORIGINAL
+
+    if not ipython:  # where the report is made without IPython: the failing lines alone are dropped
+        monkeypatch.setattr(similarity_module, "_transformer", lambda: None)
+    padded = {cell: source.rstrip("\n") + f"\n{line}\n" for cell, source in COPY.items()}
+    assert share(padded) >= SHARE
+    assert share({cell: source.rstrip("\n") + f"\n{line}\n" for cell, source in ORIGINAL.items()}) >= 0.9
+
+
+def test_answers_wrapped_in_exec_eval_or_compile_are_read_as_code():
+    from test_similarity import COPY
+
+    assert share({cell: f"exec({source!r})\n" for cell, source in COPY.items()}) >= SHARE
+    assert share({cell: f"exec(compile({source!r}, 'x', 'exec'))\n" for cell, source in COPY.items()}) >= SHARE
+    assert share({cell: f"exec(b{source!r})\n" for cell, source in COPY.items()}) >= SHARE
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

@@ -4,8 +4,11 @@ It never changes a grade: it lists pairs an instructor may want to read side by 
 The method is winnowing (Schleimer, Wilkerson and Aiken, "Winnowing: local algorithms for document
 fingerprinting", SIGMOD 2003 — the algorithm behind MOSS), on tokens:
 
-1. Tokens. Each answer cell goes through Python's tokenizer (a plain word/symbol split when it does not
-   tokenize). Comments and blank lines are dropped; string literals become `S`; every name the student chose
+1. Tokens. Each answer cell is first turned into the Python IPython runs (magics, `!shell` lines and `?` help
+   become calls; when IPython is not installed they stay as they are), then goes through Python's tokenizer; a line
+   that stops the tokenizer (an unclosed bracket or string) is dropped, that line alone, and the rest tokenized
+   again (after MAX_DROPPED such lines the rest is split into words instead). A string literal passed to exec,
+   eval or compile is tokenized as the code it holds. Comments and blank lines are dropped; string literals become `S`; every name the student chose
    becomes `V`, while keywords, operators, numbers, attribute names (`.sum`, `.T`), builtins and the usual
    module names (`torch`, `np`, …) stay. Renaming variables, reformatting or adding comments changes nothing.
 2. Fingerprints. Every run of K consecutive tokens (a k-gram) is hashed (blake2b, so the same class gives the
@@ -43,7 +46,9 @@ copy with every name changed, comments added and lines re-wrapped shares more th
 
 from __future__ import annotations
 
+import ast
 import builtins
+import functools
 import hashlib
 import io
 import keyword
@@ -52,6 +57,7 @@ import tokenize
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import nbformat
 
@@ -64,6 +70,9 @@ MAX_LINES = 30  # shared lines shown per cell and side
 KEPT_NAMES = set(dir(builtins)) | {"torch", "np", "numpy", "math", "F", "nn", "optim", "self", "cls"}
 WORDS = re.compile(r"\w+|[^\w\s]")
 MAX_COMPARED_CHARS = 256 * 1024
+MAX_DROPPED = 64  # lines of a cell dropped because they do not tokenize, before the rest is split into words instead
+CODE_CALLS = {"exec", "eval", "compile"}  # a string literal given to one of these is read as code
+MAX_NESTED_CODE = 3  # exec("exec('…')"): how deep
 METHOD = ("winnowing (Schleimer, Wilkerson and Aiken 2003) over Python tokens with the student's names and strings "
           "normalised; the release's code and the reference answers removed, and code many hand-ins share ignored")
 
@@ -84,26 +93,93 @@ class HandIn:
     tokens: dict[str, list[_Token]] = field(default_factory=dict)
 
 
-def tokens(source: str) -> list[_Token]:
+def tokens(source: str, depth: int = 0) -> list[_Token]:
     """The cell's tokens, normalised as the module docstring says (step 1); of its first MAX_COMPARED_CHARS only."""
     source = source[:MAX_COMPARED_CHARS]  # a hand-in may hold a 100 MB cell: its tokens would fill the memory
-    found: list[_Token] = []
+    lines = _python(source).splitlines(keepends=True)
+    alive = list(range(len(lines)))
+    for _ in range(MAX_DROPPED):
+        stream = _stream("".join(lines[i] for i in alive))
+        if isinstance(stream, int):  # the line where tokenizing failed: dropped, the rest tokenized again
+            del alive[min(stream, len(alive) - 1)]
+            continue
+        return _normalised(stream, alive, depth)
+    rest = "".join(lines[i] for i in alive)
+    return [_Token(_normal(m.group(), ""), alive[rest.count("\n", 0, m.start())]) for m in WORDS.finditer(rest)]
+
+
+@functools.lru_cache(maxsize=1)
+def _transformer() -> Any:
     try:
-        stream = list(tokenize.generate_tokens(io.StringIO(source).readline))
-    except (tokenize.TokenError, IndentationError, SyntaxError):
-        return [_Token(_normal(m.group(), ""), source.count("\n", 0, m.start())) for m in WORDS.finditer(source)]
-    previous = ""
+        from IPython.core.inputtransformer2 import TransformerManager
+    except ImportError:  # no IPython where the report is made: magics and shell lines are dropped as lines instead
+        return None
+    return TransformerManager()
+
+
+def _python(source: str) -> str:
+    """The cell as the kernel runs it: IPython's magics, `!shell` lines and `?` help turned into Python calls."""
+    manager = _transformer()
+    try:
+        return manager.transform_cell(source) if manager is not None else source
+    except Exception:  # IPython's transformers on a cell they cannot read: the plain source, lines dropped below
+        return source
+
+
+def _stream(text: str) -> list[tokenize.TokenInfo] | int:
+    """Python's tokens of `text`, or the 0-based line that stops them: the first line of the logical line left
+    unfinished (an unclosed bracket or string opened there), else the line the tokenizer names."""
+    found: list[tokenize.TokenInfo] = []
+    opened: int | None = None  # where the logical line being read began
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type == tokenize.NEWLINE:
+                opened = None
+            elif opened is None and tok.type not in (tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT):
+                opened = tok.start[0]
+            found.append(tok)
+    except tokenize.TokenError as exc:
+        return (opened or exc.args[1][0]) - 1
+    except SyntaxError as exc:  # IndentationError too
+        return (opened or exc.lineno or 1) - 1
+    return found
+
+
+def _normalised(stream: list[tokenize.TokenInfo], alive: list[int], depth: int) -> list[_Token]:
+    """The normalised tokens of a tokenized cell, each on its line of the cell (`alive`: its lines kept). A string
+    literal passed to exec, eval or compile is code: its own tokens stand in for it."""
+    found: list[_Token] = []
+    previous, called = "", ""
     for tok in stream:
         if tok.type in (tokenize.COMMENT, tokenize.NL, tokenize.ENDMARKER, tokenize.ENCODING):
             continue
+        line = alive[min(tok.start[0], len(alive)) - 1] if alive else 0
         text = {tokenize.NEWLINE: ";", tokenize.INDENT: "{", tokenize.DEDENT: "}"}.get(tok.type, tok.string)
+        if tok.type == tokenize.STRING and called and depth < MAX_NESTED_CODE:
+            inner = _literal_code(tok.string)
+            if inner is not None:
+                found += [_Token(t.text, line) for t in tokens(inner, depth + 1)]
+                previous, called = tok.string, ""
+                continue
         if tok.type == tokenize.STRING or tok.type == getattr(tokenize, "FSTRING_START", -1):
             text = "S"
         elif tok.type in (getattr(tokenize, "FSTRING_MIDDLE", -1), getattr(tokenize, "FSTRING_END", -1)):
             continue
-        found.append(_Token(_normal(text, previous) if tok.type == tokenize.NAME else text, tok.start[0] - 1))
+        found.append(_Token(_normal(text, previous) if tok.type == tokenize.NAME else text, line))
+        called = previous if tok.string == "(" and previous in CODE_CALLS else ""
         previous = tok.string
     return found
+
+
+def _literal_code(literal: str) -> str | None:
+    """The text of a string literal, or None when it is not a plain one (an f-string, bytes not UTF-8)."""
+    try:
+        value = ast.literal_eval(literal)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", errors="replace")
+    return value if isinstance(value, str) else None
 
 
 def _normal(word: str, previous: str) -> str:

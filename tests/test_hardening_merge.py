@@ -211,6 +211,48 @@ def test_the_merged_rows_are_the_shards_rows(tmp_path, hand_ins):
 
 
 
+
+def test_a_feedback_page_edited_after_the_seal_is_refused_and_a_linked_shard_or_feedback_folder_too(tmp_path, hand_ins):
+    folders = both(tmp_path, hand_ins)
+    mine = next(s for s in STUDENTS if shard_of(s, 2) == 1)
+    page = folders[0] / "feedback" / mine / ONE / f"{ONE}.html"
+    page.write_text("<p>10 / 10</p>")
+    refused(tmp_path, folders, f"feedback/{mine}/{ONE}/{ONE}.html was changed after shard 1 wrote it")
+    page.write_text(f"<p>{mine} graded in shard 1</p>")
+    os.rename(folders[1], tmp_path / "real-s2")
+    os.symlink(tmp_path / "real-s2", folders[1])
+    refused(tmp_path, folders, "the shard folder or its feedback folder is a link")
+    os.unlink(folders[1])
+    os.rename(tmp_path / "real-s2", folders[1])
+    os.rename(folders[1] / "feedback", tmp_path / "pages")
+    os.symlink(tmp_path / "pages", folders[1] / "feedback")
+    refused(tmp_path, folders, "the shard folder or its feedback folder is a link")
+
+
+def test_a_regrade_leaves_no_page_of_an_earlier_grade_nor_of_a_student_gone(tmp_path, hand_ins):
+    from grader.batch.shards import prune_pages
+    from grader.results import Note
+
+    out = tmp_path / "out"
+    for student in ("ann", "bob", "carl"):
+        page = out / "feedback" / student / ONE / f"{ONE}.html"
+        page.parent.mkdir(parents=True)
+        page.write_text("<p>10 / 10</p>")
+    carl = row("carl")
+    carl.status.append(Note(NoteKind.INVALID, "invalid notebook: JSONDecodeError"))
+    prune_pages(out, [row("ann"), carl])  # bob left the class; carl's notebook no longer reads
+    assert everything(out / "feedback") == [f"ann/{ONE}/{ONE}.html"]
+    page = tmp_path / "out" / "feedback" / "dee_1004" / ONE / f"{ONE}.html"  # a hand-in that is graded again
+    page.parent.mkdir(parents=True)
+    page.write_text("<p>old grade</p>")
+    planned(tmp_path, resolved(""), hand_ins[0].notebook)
+    assert not page.exists()  # until the new grade writes it
+
+
+def everything(folder):
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+
+
 # --- overrides across regrades ----------------------------------------------------------------------------------
 
 EXERCISES = {ONE: {**A.grade_cells(), **A.written_cells()}}

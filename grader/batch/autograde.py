@@ -23,6 +23,7 @@ import nbformat
 from tqdm import tqdm
 
 from grader.batch import stopping
+from grader.batch.shards import prune_pages
 from grader.batch.templates import TEMPLATES, grading_template  # noqa: F401 (gradescope's, and tests')
 from grader.collect.deadlines import Config, Lateness, Override, check_students, lateness, overrides_for, settle
 from grader.collect.files import read_regular
@@ -153,6 +154,7 @@ class WorkerProcess:
         note = (Note(NoteKind.LIMIT_HIT, f"grading stopped after {wall_s:.0f} s (see {self.log.name})") if answer is None
                 else Note(NoteKind.GRADER_ERROR, f"grader process died (see {self.log.name})"))
         self.stop()
+        Path(spec.feedback).unlink(missing_ok=True)  # a page the worker wrote before it died is not this row's
         return Result(spec.student, spec.assignment, {}, {}, [note])
 
 
@@ -249,6 +251,7 @@ def autograde(
             raise stopping.Interrupted(str(stop) or "SIGINT", run.kept) from None
     try:  # every row is cached: stopped here, the same command writes these files again (each is written whole)
         with stopping.sigterm_as_interrupt():
+            prune_pages(out, results)  # no page of an earlier grade for a row with a problem, or for a student gone
             write_outputs(results, run.known, out, report=report)
     except KeyboardInterrupt as stop:
         raise stopping.Interrupted(str(stop) or "SIGINT", run.kept) from None
@@ -368,6 +371,7 @@ def _plan(run: _Run, subs: list[Submission], template: Path, force: bool) -> tup
             results.append(_apply_lateness(Result.read(result_path), sub, late, by_hand))
         else:
             stamp.unlink(missing_ok=True)
+            (run.out / "feedback" / sub.student / sub.assignment / f"{sub.assignment}.html").unlink(missing_ok=True)
             spec = Spec(student=sub.student, assignment=sub.assignment, notebook=assignment.notebook,
                         submitted=str(sub.notebook or ""), template=str(template), result=str(result_path),
                         feedback=str(run.out / "feedback" / sub.student / sub.assignment / f"{assignment.name}.html"),

@@ -22,13 +22,15 @@ refused); it names the class by every (student, assignment) it saw and every han
 the grader's code, the release, the settings and grading.toml (`grading_digest`), so shards of another class, of
 hand-ins changed between the runs, or of another release are refused; every student must belong to the shard by
 the split, every row of the class must be there exactly once, and no row may give more points than the release
-does (or a negative, NaN or infinite number). Feedback pages are copied only for the shard's own students, and
-never through a link. What merge cannot tell is a results.json rewritten with care, its digest recomputed: keep
+does (or a negative, NaN or infinite number). Feedback pages are copied only as the seal lists them (each with its
+sha256, after the run pruned the pages of rows with a problem and of students not in the shard), only for the
+shard's own students, and never through a link. What merge cannot tell is a results.json rewritten with care, its digest recomputed: keep
 shard folders where only you can write, as the rest of OUT.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -36,14 +38,14 @@ import math
 import os
 import re
 import shutil
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from grader.collect.deadlines import Config
 from grader.collect.files import read_regular
 from grader.collect.submissions import MAX_NOTEBOOK_BYTES, Submission
 from grader.course import Assignment, assignments
 from grader.report.outputs import write_outputs
-from grader.results import Result, write_whole
+from grader.results import NoteKind, Result, write_whole
 
 MANIFEST = "shard.json"
 SPEC = re.compile(r"^(\d+)/(\d+)$")
@@ -120,6 +122,7 @@ def seal(out: Path) -> None:
     path = out / MANIFEST
     data = json.loads(path.read_text())
     data["results"] = hashlib.sha256(_read(out / "results.json")).hexdigest()
+    data["pages"] = _pages(out)
     write_whole(path, json.dumps(data, indent=1))
 
 
@@ -131,7 +134,8 @@ def _manifest(folder: Path) -> dict:
         data = json.loads(_read(path))
         return {"shard": int(data["shard"]), "of": int(data["of"]), "class": str(data["class"]),
                 "students": [str(s) for s in data["students"]], "hand_ins": str(data.get("hand_ins", "")),
-                "grading": str(data.get("grading", "")), "results": str(data.get("results", ""))}
+                "grading": str(data.get("grading", "")), "results": str(data.get("results", "")),
+                "pages": {str(k): str(v) for k, v in data["pages"].items()} if "pages" in data else None}
     except (ValueError, KeyError, TypeError, OSError) as err:
         raise ShardError(f"{path}: unreadable ({type(err).__name__}: {err})") from None
 
@@ -177,9 +181,11 @@ def _check_sealed(folders: list[Path], manifests: list[dict], count: int) -> Non
         if len({m[what] for m in manifests}) != 1:
             raise ShardError(f"{why}: " + ", ".join(f"{f} has {m[what] or 'none'}" for f, m in zip(folders, manifests)))
     for folder, m in zip(folders, manifests):
-        if not m["results"]:
-            raise ShardError(f"{folder}: shard {m['shard']}/{count} did not finish (its {MANIFEST} is not sealed): "
-                             "run it again")
+        if folder.is_symlink() or (folder / "feedback").is_symlink():
+            raise ShardError(f"{folder}: the shard folder or its feedback folder is a link: merge the folder itself")
+        if not m["results"] or m["pages"] is None:
+            raise ShardError(f"{folder}: shard {m['shard']}/{count} did not finish (its {MANIFEST} is not sealed"
+                             f"{'' if not m['results'] else ' with its feedback pages'}): run it again")
         try:
             now = hashlib.sha256(_read(folder / "results.json")).hexdigest()
         except OSError as err:
@@ -244,16 +250,69 @@ def merge(out: Path, folders: list[Path], *, report: bool = True) -> list[Result
     if class_digest([Submission(s, a) for s, a in rows]) != manifests[0]["class"]:
         raise ShardError("the shards' rows are not the class their runs saw (a row or a student missing): "
                          "run the shards again")
+    pages = [(rel, _sealed_page(folder, m, rel, digest)) for folder, m in zip(folders, manifests)
+             for rel, digest in sorted(m["pages"].items())]
     out.mkdir(parents=True, exist_ok=True)
-    for folder, m in zip(folders, manifests):
-        for student in m["students"]:  # only the shard's own students: a page left by an earlier split is not one
-            feedback = folder / "feedback" / student
-            if feedback.is_dir() and not feedback.is_symlink():
-                shutil.copytree(feedback, out / "feedback" / student, dirs_exist_ok=True, ignore=_links)
+    for rel, data in pages:  # only the pages each run sealed: a page left by an earlier run is not one
+        target = out / "feedback" / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
     write_outputs(results, known, out, report=report)
     return results
 
 
-def _links(folder: str, names: list[str]) -> list[str]:
-    """copytree's `ignore`: what is a link (never followed, never copied)."""
-    return [n for n in names if os.path.islink(os.path.join(folder, n))]
+def _sealed_page(folder: Path, m: dict, rel: str, digest: str) -> bytes:
+    """A feedback page the shard's seal lists: its own student's, never through a link, unchanged since the seal."""
+    parts = PurePosixPath(rel).parts
+    if len(parts) < 2 or rel.startswith("/") or ".." in parts or parts[0] not in m["students"]:
+        raise ShardError(f"{folder}: {MANIFEST} lists the feedback page {rel!r}, not one of shard {m['shard']}'s students'")
+    try:
+        data = read_regular(folder / "feedback" / rel, under=folder)
+    except OSError as err:
+        raise ShardError(f"{folder}: feedback/{rel} unreadable ({type(err).__name__}: {err})") from None
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise ShardError(f"{folder}: feedback/{rel} was changed after shard {m['shard']} wrote it: run that shard again")
+    return data
+
+
+def _pages(out: Path) -> dict[str, str]:
+    """Every feedback page under `out` (regular files only, no link followed) -> its sha256: what the seal lists."""
+    found: dict[str, str] = {}
+    root = out / "feedback"
+    for path in sorted(root.rglob("*")) if root.is_dir() and not root.is_symlink() else []:
+        if path.is_file() and not path.is_symlink():
+            with contextlib.suppress(OSError):  # a folder on the way that is a link: never listed
+                found[path.relative_to(root).as_posix()] = hashlib.sha256(read_regular(path, under=out)).hexdigest()
+    return found
+
+
+def prune_pages(out: Path, results: list[Result]) -> None:
+    """Leave under `out/feedback` only the pages of rows graded without a problem: a row that became `invalid`,
+    `missing`, `refused` or a grader error keeps no page of an earlier grade, and a student no longer in the class
+    (or, for a shard, in this shard) keeps no folder."""
+    keep = {(r.student, r.assignment) for r in results
+            if not any(not n.kind.graded or n.kind == NoteKind.GRADER_ERROR for n in r.status)}
+    root = out / "feedback"
+    if root.is_symlink():
+        root.unlink()
+    for student in _listing(root):
+        for assignment in _listing(Path(student.path)) if student.is_dir(follow_symlinks=False) else [student]:
+            if (student.name, assignment.name) not in keep or assignment.path == student.path:
+                _remove(Path(assignment.path))
+        with contextlib.suppress(OSError):
+            Path(student.path).rmdir()  # only when nothing is left in it
+
+
+def _listing(folder: Path) -> list[os.DirEntry]:
+    try:
+        with os.scandir(folder) as entries:
+            return list(entries)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)

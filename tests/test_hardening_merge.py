@@ -294,6 +294,25 @@ def test_an_override_given_for_one_hand_in_is_flagged_when_a_new_one_replaces_it
     assert [o["changed"] for o in planned(tmp_path, confirmed, notebook)] == [False]  # the instructor confirmed it
 
 
+
+def test_an_override_pinned_to_the_hand_in_read_is_flagged_in_a_fresh_out_folder_and_unpinned_ones_print_the_pin(
+        tmp_path, capsys):
+    notebook = tmp_path / "class" / "dee_1004" / ONE / A.notebook
+    notebook.parent.mkdir(parents=True)
+    nbformat.write(reference_submission(A), notebook)
+    read = f"sha256:{hashlib.sha256(notebook.read_bytes()).hexdigest()}"
+    assert [o["changed"] for o in planned(tmp_path, resolved(override()), notebook)] == [False]
+    assert f'hand_in = "{read}"' in capsys.readouterr().err  # the line to paste into the [[override]]
+    pinned = resolved(override() + f'hand_in = "{read}"\n')
+    blank = reference_submission(A)
+    blank.cells = blank.cells[:3]
+    nbformat.write(blank, notebook)  # handed in again before any run saw the override; or a new OUT, a new split
+    assert [o["changed"] for o in planned(tmp_path / "fresh", pinned, notebook)] == [True]
+    assert "hand_in" not in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="hand_in"):
+        resolved(override() + 'hand_in = "v1"\n')
+
+
 def row_for(student):
     maxima = A.grade_cells()
     return Result(student, ONE, {e: 0.0 for e in maxima}, dict(maxima))

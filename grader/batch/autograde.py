@@ -380,6 +380,8 @@ def _plan(run: _Run, subs: list[Submission], template: Path, force: bool) -> tup
                         overrides=[asdict(o) for o in by_hand])
             pending.append(_Pending(spec, fingerprint, _wall_budget(assignment, run.timeout), sub, late, by_hand))
     ledger.save()
+    for line in ledger.unpinned:  # what the instructor pastes into the [[override]] to tie it to the hand-in read
+        print(f"override not pinned to a hand-in: {printable(line)}", file=sys.stderr)
     return results, pending
 
 

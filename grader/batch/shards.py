@@ -24,7 +24,8 @@ hand-ins changed between the runs, or of another release are refused; every stud
 the split, every row of the class must be there exactly once, and no row may give more points than the release
 does (or a negative, NaN or infinite number). Feedback pages are copied only as the seal lists them (each with its
 sha256, after the run pruned the pages of rows with a problem and of students not in the shard), only for the
-shard's own students, and never through a link. What merge cannot tell is a results.json rewritten with care, its digest recomputed: keep
+shard's own students, and never through a link. What merge cannot tell is a results.json rewritten with care, its
+digest recomputed: keep
 shard folders where only you can write, as the rest of OUT.
 """
 

@@ -96,7 +96,8 @@ class Override:
     exercise: str
     points: float
     reason: str
-    changed: bool = False  # the hand-in is not the one the override was first given for (grader/collect/ledger.py)
+    changed: bool = False  # the hand-in is not the one the override was given for (grader/collect/ledger.py)
+    hand_in: str = ""  # "sha256:…" of the hand-in it was given for, pinned by the instructor ('' when not)
 
 
 @dataclass(frozen=True)
@@ -237,7 +238,7 @@ def parse_config(text: str, assignments: list[str], source: str = "") -> Config:
             due=_date(entry["due"], tz, f"{where} due") if "due" in entry else None,
             days=_number(entry["days"], f"{where} days") if "days" in entry else 0.0))
     return Config(source=source, timezone=zone, feedback=feedback, due=due, late=late, extensions=tuple(extensions),
-                  overrides=_overrides(_tables(raw, "override", OVERRIDE_KEYS, source), assignments))
+                  overrides=_overrides(_tables(raw, "override", OVERRIDE_KEYS | {"hand_in"}, source), assignments))
 
 
 def _tables(raw: dict, name: str, keys: set[str], source: str) -> list[tuple[str, dict]]:
@@ -268,8 +269,11 @@ def _overrides(tables: list[tuple[str, dict]], assignments: list[str]) -> tuple[
             hint = difflib.get_close_matches(entry["assignment"], assignments, n=1)
             raise ConfigError(f"{where}: assignment {entry['assignment']!r}: no such assignment"
                               + (f" (did you mean {hint[0]}?)" if hint else f" (known: {', '.join(assignments)})"))
+        pin = entry.get("hand_in", "")
+        if pin and not (isinstance(pin, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", pin)):
+            raise ConfigError(f"{where}: hand_in = {pin!r}: write the \"sha256:…\" autograde printed for the hand-in")
         found.append(Override(entry["student"], entry["assignment"], entry["exercise"],
-                              _number(entry["points"], f"{where} points"), entry["reason"].strip()))
+                              _number(entry["points"], f"{where} points"), entry["reason"].strip(), hand_in=pin))
     return tuple(found)
 
 
@@ -435,7 +439,8 @@ def settle(result: Result, late: Lateness | dict, overrides: Sequence[Override |
         o = entry if isinstance(entry, Override) else Override(**entry)
         if o.changed:
             result.status.append(Note(NoteKind.OVERRIDE_CHANGED, f"hand-in changed since {o.exercise} was regraded by "
-                                      "hand: check the override still holds (edit its reason to confirm it)"))
+                                      "hand: check the override still holds (edit its reason to confirm it, or pin "
+                                      "hand_in to the hand-in you read)"))
         if o.exercise in result.by_hand_max:  # a written answer: graded by hand, apart from the tests
             result.overrides[o.exercise] = {"graded": result.by_hand.get(o.exercise), "points": o.points,
                                             "reason": o.reason}

@@ -147,7 +147,7 @@ class watch_calls:
             for name, value in list(vars(module).items()) if module else ():
                 if value is target:
                     setattr(module, name, stand_ins[id(target)])
-                    self._undo.append(lambda m=module, n=name, v=value: setattr(m, n, v))
+                    self._undo.append(functools.partial(setattr, module, name, value))
         _AliasWalk(stand_ins, self.MAX_WALKED, self._undo).walk(spaces)
 
     def __enter__(self) -> watch_calls:
@@ -218,6 +218,12 @@ def _aten_op_name(target: object) -> str:
     return ""
 
 
+def _swap_back(held: set, new: object, old: object) -> None:
+    """Put `old` back in the set `held` in place of its stand-in `new`."""
+    held.discard(new)
+    held.add(old)
+
+
 class _AliasWalk:
     """Replace every reference to a watched C type inside mutable containers, objects, closures and defaults,
     breadth first from the namespaces given, undoably; a tuple or frozenset that holds one is rebuilt and put back
@@ -252,20 +258,20 @@ class _AliasWalk:
             for key, item in list(value.items()):
                 if (new := self._new(item)) is not item:
                     value[key] = new
-                    self.undo.append(lambda d=value, k=key, v=item: d.__setitem__(k, v))
+                    self.undo.append(functools.partial(value.__setitem__, key, item))
         elif isinstance(value, list):
             self.budget -= len(value)
             for index, item in enumerate(list(value)):
                 if (new := self._new(item)) is not item:
                     value[index] = new
-                    self.undo.append(lambda s=value, i=index, v=item: s.__setitem__(i, v))
+                    self.undo.append(functools.partial(value.__setitem__, index, item))
         elif isinstance(value, set):
             self.budget -= len(value)
             for item in list(value):
                 if (new := self._new(item)) is not item:
                     value.discard(item)
                     value.add(new)
-                    self.undo.append(lambda s=value, old=item, n=new: (s.discard(n), s.add(old)))
+                    self.undo.append(functools.partial(_swap_back, value, new, item))
         elif isinstance(value, types.FunctionType):
             for cell in value.__closure__ or ():
                 try:
@@ -274,12 +280,12 @@ class _AliasWalk:
                     continue
                 if (new := self._new(item)) is not item:
                     cell.cell_contents = new
-                    self.undo.append(lambda c=cell, v=item: setattr(c, "cell_contents", v))
+                    self.undo.append(functools.partial(setattr, cell, "cell_contents", item))
             for attribute in ("__defaults__", "__kwdefaults__"):
                 held = getattr(value, attribute)
                 if held is not None and (new := self._new(held)) is not held:
                     setattr(value, attribute, new)
-                    self.undo.append(lambda f=value, a=attribute, v=held: setattr(f, a, v))
+                    self.undo.append(functools.partial(setattr, value, attribute, held))
         elif isinstance(getattr(value, "__dict__", None), dict):
             self._new(value.__dict__)
 
@@ -355,4 +361,4 @@ class autograd_guard(watch_calls):
 # The builtins a scenario runs with (GUARDS hands them to it): a copy taken when this module was imported — before
 # any student code in a graded kernel, which imports labkit before it forks — so a student's code that rebinds
 # `builtins.all` while a test runs cannot steer the test's own checks.
-__builtins__ = dict(vars(importlib.import_module("builtins")))
+__builtins__ = dict(vars(importlib.import_module("builtins")))  # type: ignore[assignment]  # a dict is what CPython takes

@@ -21,7 +21,7 @@ from factories import markdown, own_cell, plain_values, released
 from hypothesis import given
 
 from grader.course import assignment_named
-from grader.judge import reference
+from grader.judge import outflow, reference
 from grader.judge.grading import Graded, known_mistakes, read_scenario, run_notes
 from grader.judge.judge import (
     BadPayload,
@@ -262,6 +262,19 @@ def test_the_message_names_the_mistake_and_comes_from_the_reference():
     assert verdict.points == 0 and "the factor 2 is missing" in verdict.message and "LIES" not in verdict.message
     moved = judge("f", 2, REFERENCE, record(("f on 1", torch.tensor([2.0, 4.0]), {}), ("f keeps x", False, {})))
     assert moved.message == "f changed x in place"
+
+
+def test_a_second_bug_is_named_after_the_first_message_by_the_references_names():
+    both = judge("f", 2, REFERENCE, record(("f on 1", torch.tensor([1.0, 2.0]), {}), ("f keeps x", False, {})))
+    assert both.message.startswith("f on 1") and both.message.endswith(" Also failed: “f keeps x”.")
+    many = record(*((f"f on {i}", float(i), {}) for i in range(20)))
+    wrong = judge("f", 2, many, record(*((f"f on {i}", float(i) + 1, {}) for i in range(20))))
+    assert wrong.message.count("“") == outflow.MAX_ALSO_FAILED and wrong.message.endswith(
+        f" and {19 - outflow.MAX_ALSO_FAILED} more.")
+    odd = judge("f", 2, REFERENCE, record(("f on 1", torch.tensor([1.0, 2.0]), {}), ("f keeps x", object(), {})))
+    assert odd.message.endswith("Also failed: “f keeps x”.")  # a later value no comparison takes is just failed
+    stopped = judge("f", 2, many, record(("f on 0", 5.0, {}), ("f on 1", 1.0, {}), ("f on 2", 7.0, {})))
+    assert stopped.message.endswith("Also failed: “f on 2”.")  # the checks after the scenario stopped are not named
 
 
 def test_missing_observations_say_why():

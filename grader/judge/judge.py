@@ -358,14 +358,34 @@ def judge(test: str, max_points: float, reference: ScenarioRecord, student: Scen
     if student is not None:
         for item in student.observed:
             got.setdefault(item.name, item.value)
+    first, also = "", []
     for item in reference.observed:
         want = reference.expected.get(item.name, item.value)
-        if item.name not in got:
-            return Verdict(test, 0.0, max_points, _unchecked(test, item.name, student, failure))
-        problem = compare(got[item.name], want, item.name, item.spec, words)
-        if problem:
-            return Verdict(test, 0.0, max_points, problem)
-    return Verdict(test, max_points, max_points)
+        if item.name not in got:  # the scenario stopped here: nothing after it was checked
+            if not first:
+                return Verdict(test, 0.0, max_points, _unchecked(test, item.name, student, failure))
+            break
+        if not first:
+            first = compare(got[item.name], want, item.name, item.spec, words) or ""
+            continue
+        try:  # a later value no comparison can take is a failed check like any other, not a lost test
+            wrong = bool(compare(got[item.name], want, item.name, item.spec, words))
+        except Exception:
+            wrong = True
+        if wrong:
+            also.append(item.name)
+    if not first:
+        return Verdict(test, max_points, max_points)
+    return Verdict(test, 0.0, max_points, first + _also_failed(also))
+
+
+def _also_failed(names: list[str]) -> str:
+    """The other failed checks of a test, by the reference's names (one bit each of the outflow rule's channel)."""
+    if not names:
+        return ""
+    shown = "; ".join(f"“{name}”" for name in names[:outflow.MAX_ALSO_FAILED])
+    more = len(names) - outflow.MAX_ALSO_FAILED
+    return f" Also failed: {shown}" + (f" and {more} more." if more > 0 else ".")
 
 
 def _unchecked(test: str, name: str, student: ScenarioRecord | None, failure: str) -> str:

@@ -41,6 +41,9 @@ BITS_PER_NUMBER = math.log2(2 * 9 * 10 ** (DIGITS - 1) * 700 + 4)
 # got G" has D, I and G; a shape is counted as its numbers), and the message templates one observation can pick.
 MAX_NUMBERS = 4
 TEMPLATES = 64
+# A failed verdict names the test's other failed checks after its message, by the reference's names, up to this
+# many ("… and k more"): which checks failed is a subset of the observations, one bit each.
+MAX_ALSO_FAILED = 8
 # How a scenario can stop instead of ending (grader.judge.grading.FAILURE_WORDS): timeout, timeout and killed, not
 # run, or what it sent cannot be read (grader.judge.judge.Unreadable: no result, cut short, not from the test) — 6,
 # counted as 9; or the kernel died, without a reason or with the limit that killed it: CPU time, memory (cgroup),
@@ -120,8 +123,9 @@ def shown(value: object, vocabulary: frozenset[str] = frozenset()) -> str:
 
 
 def residual_bits(observations: int, mistakes: int, strings: int) -> float:
-    """Bits one test's verdict can carry out of the kernel: passed, or failed with one message, known mistake and
-    failure state. A message is one observation's, one of TEMPLATES, with at most two strings from the
-    vocabulary (`strings` of them: the value, a dict key) and MAX_NUMBERS numbers."""
+    """Bits one test's verdict can carry out of the kernel: passed, or failed with one message, the names of the
+    other failed checks (a subset of the observations), known mistake and failure state. A message is one
+    observation's, one of TEMPLATES, with at most two strings from the vocabulary (`strings` of them: the value,
+    a dict key) and MAX_NUMBERS numbers."""
     failed = FAILURE_STATES * (mistakes + 1) * max(observations, 1) * TEMPLATES * (strings + 1) ** 2
-    return math.log2(1 + failed) + MAX_NUMBERS * BITS_PER_NUMBER
+    return math.log2(1 + failed) + max(observations - 1, 0) + MAX_NUMBERS * BITS_PER_NUMBER

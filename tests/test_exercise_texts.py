@@ -63,19 +63,14 @@ def test_hints_are_left_out_of_the_text():
 
 
 # The visible part of a test cell is read before answering too (issue 35): its source and messages name mistakes,
-# never the answer's formula. Notebooks join this list once their visible tests are clean.
-VISIBLE_CLEAN = ("01_gradient_descent", "02_autograd_graph", "03_minibatch_noise", "04_custom_function",
-                 "05_training_step", "06_mixed_precision", "07_distributed")
-
-
+# never the answer's formula.
 def visible_tests() -> dict[str, str]:
-    """Exercise name → the source of its released test cell (hidden tests are not released) in VISIBLE_CLEAN."""
+    """Exercise name → the source of its released test cell (hidden tests are not released)."""
     shown = {}
     for assignment in assignments():
-        if assignment.name in VISIBLE_CLEAN:
-            for cell in nbformat.read(assignment.release, as_version=4).cells:
-                if cells.kind(cell) == cells.TEST:
-                    shown[cells.grade_id(cell)] = cell.source.split("### BEGIN HIDDEN TESTS")[0]
+        for cell in nbformat.read(assignment.release, as_version=4).cells:
+            if cells.kind(cell) == cells.TEST:
+                shown[cells.grade_id(cell)] = cell.source.split("### BEGIN HIDDEN TESTS")[0]
     return shown
 
 

@@ -147,7 +147,7 @@ def build_class(root: Path) -> Mix:
     wrong = reference_submission(A)
     for cell, signature in [("mse_grad_answer", "mse_grad(w, X, y)"), ("numerical_grad_answer", "numerical_grad(f, w, eps=1e-3)"),
                             ("gradient_descent_answer", "gradient_descent(w0, X, y, lr, steps)"),
-                            ("critical_lr_answer", "critical_lr(X)")]:
+                            ("critical_lr_answer", "critical_lr(X)"), ("best_momentum_answer", "best_momentum(X)")]:
         wrong = _with(cell, f"def {signature}:\n    return None\n", wrong)
     hand_in(ALL_WRONG, wrong, {k: 0.0 for k in FULL})
     # What goes wrong with hand-ins, each once: a locked cell edited (restored), a scratch cell that sleeps

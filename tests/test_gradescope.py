@@ -194,8 +194,8 @@ def test_run_autograder_grades_a_copy_of_the_notebook_per_exercise_and_refuses_w
     results, done, seconds = run_autograder(gradescope_root, {COPY_OF: mutant_submission(A, [FACTOR2]), "notes.txt": "hi"})
     assert done.returncode == 0 and results is not None, done.stdout + done.stderr
     tests = {t["name"]: (t["score"], t["max_score"]) for t in results["tests"]}
-    assert tests == {"mse_grad": (0.0, 3.0), "numerical_grad": (2.0, 2.0), "gradient_descent": (3.0, 3.0),
-                     "critical_lr": (2.0, 2.0)} and results["score"] == 7
+    assert tests == {"mse_grad": (0.0, 3.0), "numerical_grad": (2.0, 2.0), "gradient_descent": (2.0, 2.0),
+                     "critical_lr": (2.0, 2.0), "best_momentum": (1.0, 1.0)} and results["score"] == 7
     mse = next(t for t in results["tests"] if t["name"] == "mse_grad")
     assert f"This looks like a known mistake: {FACTOR2.why}." in mse["output"] and mse["visibility"] == "after_due_date"
     assert f"renamed: graded {COPY_OF} as {ONE}.ipynb" in results["output"]

@@ -49,8 +49,8 @@ def result(student, scores, *, status=(), mistakes=None, unanswered=(), answered
 
 
 def test_discrimination_is_the_item_rest_correlation():
-    scores = [{"mse_grad": m, "numerical_grad": n, "gradient_descent": g, "critical_lr": c}
-              for m, n, g, c in [(3, 2, 3, 2), (0, 2, 3, 0), (3, 0, 0, 2), (0, 0, 0, 0), (3, 2, 0, 2)]]
+    scores = [{"mse_grad": m, "numerical_grad": n, "gradient_descent": g, "critical_lr": c, "best_momentum": b}
+              for m, n, g, c, b in [(3, 2, 2, 2, 1), (0, 2, 2, 0, 0), (3, 0, 0, 2, 1), (0, 0, 0, 0, 0), (3, 2, 0, 2, 1)]]
     data = analyse([result(f"s{i}", s) for i, s in enumerate(scores)])
     for test in FULL:
         item = [s[test] for s in scores]

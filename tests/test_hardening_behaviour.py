@@ -202,3 +202,80 @@ def test_graded_a_compiled_answer_runs_eagerly_in_the_hidden_tests_and_keeps_its
     graded = _graded({"mse_grad_answer": compiled})
     assert graded.verdicts["mse_grad"].passed, graded.verdicts["mse_grad"].message
     assert not [n for n in run_notes(graded) if "timeout" in n.text]
+
+
+class _ReadLater(torch.Tensor):
+    """Deferred work: the answer is computed (with autograd) when someone reads it, after the watch ended."""
+
+    ran: list = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.ran.append(func)
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+
+class _FakeFloat:
+    ran: list = []
+
+    @property
+    def __class__(self):
+        self.ran.append("__class__")
+        return float
+
+    def __float__(self):
+        self.ran.append("__float__")
+        return 0.25
+
+
+def test_encoding_an_observed_value_never_runs_the_students_code():
+    ran: list[str] = []
+
+    class F(float):
+        def __float__(self):
+            ran.append("float")
+            return 0.0
+
+        def __repr__(self):
+            ran.append("repr")
+            return "0.0"
+
+    class Big(int):
+        def __int__(self):
+            ran.append("int")
+            return 0
+
+    class L(list):
+        def __iter__(self):
+            ran.append("iter")
+            return iter(())
+
+        def __len__(self):
+            ran.append("len")
+            return 0
+
+    class D(dict):
+        def items(self):
+            ran.append("items")
+            return []
+
+    later = torch.Tensor._make_subclass(_ReadLater, torch.arange(3.0))
+    _ReadLater.ran.clear()
+    encoded = [probe.encode(v) for v in (F(2.5), Big(7), L([1, 2]), D(a=1), _FakeFloat(), later)]
+    assert ran == [] and _ReadLater.ran == [] and _FakeFloat.ran == []
+    decoded = [decode_value(e) for e in encoded]
+    assert decoded[:4] == [2.5, 7, [1, 2], {"a": 1}]
+    assert str(decoded[4]) == "an object of another type" or "another type" in repr(decoded[4])
+    assert torch.equal(decoded[5], torch.arange(3.0))
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    (lambda: torch.tensor([2.0]).to(torch.uint16), "a tensor of dtype uint16"),
+    (lambda: torch.zeros(2).to(torch.float8_e4m3fn), "a tensor of dtype float8_e4m3fn"),
+    (lambda: torch.empty((), device="meta"), "a tensor on the meta device"),
+    (lambda: 10 ** 5000, "an integer of more than 4300 digits"),
+])
+def test_odd_values_get_plain_verdicts_not_interference(value, says):
+    got = compare(decode_value(probe.encode(value())), 0.25, "critical_lr", {})
+    assert got == f"critical_lr should be a number, got {says}."

@@ -23,6 +23,10 @@ from grader.judge.outflow import Opaque
 from helpers.checks import CheckFailure, check_scalar, check_tensor
 
 MAX_NAME_CHARS = 500
+# What probe.encode sends, as "other", for a value it reads without running it: shown as it is.
+DESCRIBED = frozenset({"a tensor on the meta device", *(f"a tensor of dtype {name}" for name in (
+    "uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+    "float8_e8m0fnu", "complex32", "bits8", "bits16", "quint8", "qint8", "qint32"))})
 MAX_INT_DIGITS = 4300  # Python's own limit for reading an int from text (sys.int_info.default_max_str_digits)
 DTYPES = {name: getattr(torch, name) for name in (
     "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
@@ -141,7 +145,8 @@ def decode_value(node: object, depth: int = 0) -> object:
     if kind == "tensor":
         return _decode_tensor(node)
     if kind == "other":
-        return Opaque(outflow.type_name(node.get("type", "?")))
+        text = node.get("type", "?")
+        return Opaque(text if text in DESCRIBED else outflow.type_name(text))
     raise BadPayload("unknown value kind")
 
 

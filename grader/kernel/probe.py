@@ -62,40 +62,80 @@ class Message(TypedDict, total=False):
     ran_out_of_time: bool  # end message: a launch of ranks inside the scenario was stopped at its time limit
 
 
+# Tensor dtypes the judge reads; a tensor of another dtype (uint16, float8, complex32, …) is sent by its dtype only.
+SENT_DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
+               "complex64", "complex128")
+MAX_INT_DIGITS = 4300  # an int with more digits is sent as a size marker (Python cannot read it back from text)
+
+
 def encode(value, depth: int = 0) -> dict:
-    """Plain JSON for `value`: numbers, strings, lists, dicts and tensors; anything else by its type name."""
+    """Plain JSON for `value`: numbers, strings, lists, dicts and tensors; anything else by its type name.
+
+    Nothing here runs the student's code: a value is told apart by its real type (`type(value)`, which a faked
+    `__class__` cannot change) and read through the built-in types' own C methods (`float.__repr__`,
+    `list.__getitem__`, `dict.items`), so a subclass that overrides `__float__`, `__iter__` or `items` is read by
+    what it stores; a Tensor subclass is read as a plain tensor with torch functions disabled, one that overrides
+    `__torch_dispatch__` is "an object of another type"."""
+    kind = type(value)
     if depth > MAX_DEPTH:
         return {"t": "other", "type": "nested too deeply"}
     if value is None:
         return {"t": "none"}
-    if isinstance(value, bool):
-        return {"t": "bool", "v": bool(value)}
-    if isinstance(value, int):
-        return {"t": "int", "v": str(int(value))}
-    if isinstance(value, float):
-        return {"t": "float", "v": repr(float(value))}
-    if isinstance(value, str):
-        return {"t": "str", "v": str(value)[:20_000]}
+    if kind is bool:
+        return {"t": "bool", "v": value is True}
+    if issubclass(kind, int):
+        if int.__ge__(int.__abs__(value), _TOO_LONG):
+            return {"t": "int", "v": "1" + "0" * MAX_INT_DIGITS}  # the judge's "an integer of more than 4300 digits"
+        return {"t": "int", "v": int.__repr__(value)}
+    if issubclass(kind, float):
+        return {"t": "float", "v": float.__repr__(value)}
+    if issubclass(kind, str):
+        return {"t": "str", "v": str.__getitem__(value, slice(0, 20_000)) + ""}
     torch = _torch()
-    if torch is not None and isinstance(value, torch.Tensor):
+    if torch is not None and issubclass(kind, torch.Tensor):
         return _encode_tensor(torch, value)
-    if isinstance(value, (list, tuple)):
-        return {"t": type(value).__name__ if type(value) in (list, tuple) else "list",
-                "v": [encode(v, depth + 1) for v in list(value)[:MAX_ITEMS]], "n": len(value)}
-    if isinstance(value, dict):
-        items = list(value.items())[:MAX_ITEMS]
+    if issubclass(kind, (list, tuple)):
+        size = (list.__len__ if issubclass(kind, list) else tuple.__len__)(value)
+        at = list.__getitem__ if issubclass(kind, list) else tuple.__getitem__
+        return {"t": "tuple" if kind is tuple else "list",
+                "v": [encode(at(value, i), depth + 1) for i in range(min(size, MAX_ITEMS))], "n": size}
+    if issubclass(kind, dict):
+        items: list[tuple] = []
+        for pair in dict.items(value):
+            if len(items) >= MAX_ITEMS:
+                break
+            items.append(pair)
         return {"t": "dict", "v": [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in items]}
-    return {"t": "other", "type": type(value).__name__}
+    return {"t": "other", "type": _TYPE_NAME(kind)}
+
+
+_TOO_LONG = 10 ** MAX_INT_DIGITS
+# type's own descriptors: what a class holds, read past any metaclass the student wrote
+_TYPE_MRO, _TYPE_DICT, _TYPE_NAME = (type.__dict__[name].__get__ for name in ("__mro__", "__dict__", "__name__"))
 
 
 def _encode_tensor(torch, value) -> dict:
-    if value.layout != torch.strided or value.is_quantized or value.numel() > MAX_ELEMENTS:
-        return {"t": "other", "type": f"Tensor ({value.layout}, {value.numel()} elements)"}
-    flat = value.detach().to("cpu").contiguous().reshape(-1)
-    raw = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
-    return {"t": "tensor", "dtype": str(value.dtype).removeprefix("torch."), "shape": list(value.shape),
-            "device": value.device.type, "requires_grad": bool(value.requires_grad),
-            "data": base64.b64encode(raw).decode()}
+    """A tensor's bytes, read with every torch function override off (a subclass's `__torch_function__` never
+    runs); one whose subclass overrides `__torch_dispatch__` is sent by its type only."""
+    for base in _TYPE_MRO(type(value)):  # the real class dicts, never the metaclass's attribute lookup
+        if base is torch.Tensor:
+            break
+        if "__torch_dispatch__" in _TYPE_DICT(base):
+            return {"t": "other", "type": "Tensor subclass"}
+    with torch._C.DisableTorchFunction():
+        value = torch.Tensor.as_subclass(value, torch.Tensor)
+        dtype = str(value.dtype).removeprefix("torch.")
+        if value.layout != torch.strided or value.is_quantized or value.numel() > MAX_ELEMENTS:
+            return {"t": "other", "type": f"Tensor ({value.layout}, {value.numel()} elements)"}
+        if value.device.type == "meta":
+            return {"t": "other", "type": "a tensor on the meta device"}
+        if dtype not in SENT_DTYPES:
+            return {"t": "other", "type": f"a tensor of dtype {dtype}"}
+        flat = value.detach().to("cpu").contiguous().reshape(-1)
+        raw = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+        return {"t": "tensor", "dtype": dtype, "shape": list(value.shape),
+                "device": value.device.type, "requires_grad": bool(value.requires_grad),
+                "data": base64.b64encode(raw).decode()}
 
 
 def _torch():

@@ -109,7 +109,7 @@ def test_results_json_after_release_holds_the_messages_until_the_due_date():
     out = results_json(graded_row(), A, "after-release", 3.0)
     assert out["score"] == 5 and out["visibility"] == "visible" and out["stdout_visibility"] == "hidden"
     tests = {t["name"]: t for t in out["tests"]}
-    assert list(tests) == list(FULL) and [t["number"] for t in out["tests"]] == ["1", "2", "3", "4"]
+    assert list(tests) == list(FULL) and [t["number"] for t in out["tests"]] == [str(i) for i in range(1, len(FULL) + 1)]
     assert {t["visibility"] for t in out["tests"]} == {"after_due_date"}
     assert tests["mse_grad"] == {"name": "mse_grad", "number": "1", "score": 0.0, "max_score": 3.0, "status": "failed",
                                  "output": f"off by a factor of 0.5\nThis looks like a known mistake: {FACTOR2.why}.",
@@ -128,7 +128,8 @@ def test_results_json_keeps_the_run_time_to_two_significant_digits(seconds, kept
 def test_results_json_at_once_shows_points_only():
     out = results_json(graded_row(), A, "at-once", 3.0)
     assert {t["visibility"] for t in out["tests"]} == {"visible"}
-    assert [t["output"] for t in out["tests"]] == [f"not passed — {HELD_BACK}", "passed", "passed", f"not passed — {HELD_BACK}"]
+    failed = graded_row().messages
+    assert [t["output"] for t in out["tests"]] == [f"not passed — {HELD_BACK}" if name in failed else "passed" for name in FULL]
     assert "off by a factor" not in json.dumps(out)
 
 

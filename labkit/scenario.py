@@ -114,21 +114,47 @@ class watch_calls:
         self._undo.append(undo)
 
     def _watch_ops(self) -> None:
-        """Count every call of the watched torch ops in the dispatcher: every route to them, from every thread."""
+        """Count every call of the watched torch ops in the dispatcher: every route to them, from every thread.
+
+        Each op is watched with its twin (`_amp_update_scale_` and `_amp_update_scale`) and every overload. An op with
+        a backend kernel counts at BackendSelect, a key that inference mode and `_AutoDispatchBelowAutograd` keep (the
+        call then goes on to the backend); one made of other ops (CompositeImplicitAutograd: `_unpack_dual`) counts
+        at its autograd keys and then runs its decomposition."""
         import torch
 
         library = torch.library.Library("aten", "IMPL")
-        for name in dict.fromkeys(self._ops):
-            packet = getattr(torch.ops.aten, name)
-
-            def kernel(*args: Any, _packet: Any = packet, **kwargs: Any) -> Any:
-                self.calls += 1
-                with torch._C._AutoDispatchBelowAutograd():
-                    return _packet(*args, **kwargs)
-
-            for key in ("AutogradCPU", "AutogradCUDA"):
-                library.impl(name, kernel, key)
+        names = [twin for name in self._ops for twin in (name, name.removesuffix("_"), name.removesuffix("_") + "_")]
+        for name in dict.fromkeys(names):
+            packet = getattr(torch.ops.aten, name, None)
+            for overload in packet.overloads() if packet is not None else ():
+                op = getattr(packet, overload)
+                qualified = name if overload == "default" else f"{name}.{overload}"
+                if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
+                    for key in ("AutogradCPU", "AutogradCUDA"):
+                        library.impl(qualified, functools.partial(self._decomposed, op), key)
+                elif not torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "BackendSelect"):
+                    library.impl(qualified, functools.partial(self._counted_op, op), "BackendSelect", with_keyset=True)
+                else:  # a factory op: counted above autograd
+                    for key in ("AutogradCPU", "AutogradCUDA"):
+                        library.impl(qualified, functools.partial(self._below_autograd, op), key)
         self._undo.append(library._destroy)
+
+    def _counted_op(self, op: Any, keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        self.calls += 1
+        return op.redispatch(keyset.remove(torch._C.DispatchKey.BackendSelect), *args, **kwargs)
+
+    def _decomposed(self, op: Any, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        return op.decompose(*args, **kwargs)
+
+    def _below_autograd(self, op: Any, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        self.calls += 1
+        with torch._C._AutoDispatchBelowAutograd():
+            return op(*args, **kwargs)
 
     def _swap_aliases(self, caller: dict) -> None:
         """Put a counting stand-in wherever a watched C type is held: its module attribute, then breadth first the
@@ -308,6 +334,9 @@ class autograd_guard(watch_calls):
                     *(("torch._functorch.eager_transforms", name) for name in ("grad_impl", "grad_and_value_impl",
                                                                                "vjp", "jacrev", "jacfwd", "jvp",
                                                                                "linearize")))
+    # Read in the dispatcher, however reached (functools.partial(torch._unpack_dual) is a C call from C, which the
+    # profile hook never sees): a forward-mode tangent can only be read through _unpack_dual.
+    DISPATCHED = ("_unpack_dual",)
     ENGINE = ("run_backward", "_make_dual", "_enter_dual_level", "_grad_increment_nesting", "_jvp_increment_nesting")
 
     def __init__(self) -> None:
@@ -317,7 +346,7 @@ class autograd_guard(watch_calls):
         for owner_name, attr in self.ENTRY_POINTS:
             owner = torch.Tensor if owner_name == "torch.Tensor" else importlib.import_module(owner_name)
             targets.append(getattr(owner, attr))
-        super().__init__(*targets)
+        super().__init__(*targets, *(getattr(torch.ops.aten, name) for name in self.DISPATCHED))
         self._engine = set(self.ENGINE)
 
     def _profile(self, frame: types.FrameType, event: str, arg: object) -> None:

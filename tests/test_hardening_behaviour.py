@@ -12,6 +12,8 @@ value is a wrong value, not interference. Fast tests run in process; the integra
 import _thread
 import builtins
 import concurrent.futures
+import contextlib
+import functools
 import json
 import threading
 
@@ -279,3 +281,41 @@ def test_encoding_an_observed_value_never_runs_the_students_code():
 def test_odd_values_get_plain_verdicts_not_interference(value, says):
     got = compare(decode_value(probe.encode(value())), 0.25, "critical_lr", {})
     assert got == f"critical_lr should be a number, got {says}."
+
+
+def mse_grad_forward_mode_through_partials(w, X, y):
+    """The attack: forward-mode AD with the C built-ins reached through functools.partial (C calls from C)."""
+    level = functools.partial(torch._C._enter_dual_level)()
+    try:
+        out = []
+        for i in range(w.shape[0]):
+            d = functools.partial(torch._make_dual)(w, torch.eye(w.shape[0], dtype=w.dtype)[i], level=level)
+            out.append(functools.partial(torch._unpack_dual)(((X @ d - y) ** 2).mean(), level=level)[1])
+        return torch.stack(out)
+    finally:
+        functools.partial(torch._C._exit_dual_level)(level=level)
+
+
+def test_forward_mode_ad_through_partials_is_counted_and_still_works():
+    with autograd_guard() as guard:
+        got = mse_grad_forward_mode_through_partials(w, X, y)
+    assert guard.calls > 0 and torch.allclose(got, 2 / 6 * X.T @ (X @ w - y))
+    assert torch.func.jvp(lambda v: (v ** 2).sum(), (w,), (w,))[1].item() == pytest.approx(2 * (w @ w).item())
+
+
+class DynamicLossScalerFunctional(DynamicLossScalerOnTheOp):
+    def update(self, found_inf):
+        self.scale_t, self.tracker = torch.ops.aten._amp_update_scale(
+            self.scale_t, self.tracker, torch.full((), float(found_inf)), 2.0, 0.5, 2000)
+        return found_inf
+
+
+@pytest.mark.parametrize("route", ["functional", "inference mode", "below autograd"])
+def test_the_amp_update_op_is_counted_through_its_twin_and_below_autograd(route):
+    ops = (torch.ops.aten._amp_update_scale_, torch.ops.aten._amp_foreach_non_finite_check_and_unscale_)
+    scaler = DynamicLossScalerFunctional() if route == "functional" else DynamicLossScalerOnTheOp()
+    mode = {"inference mode": torch.inference_mode, "below autograd": torch._C._AutoDispatchBelowAutograd}.get(
+        route, contextlib.nullcontext)
+    with watch_calls(*ops) as seen, mode():
+        scaler.update(True)
+    assert seen.calls > 0 and scaler.scale_t.item() == 32768.0

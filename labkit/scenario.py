@@ -168,12 +168,14 @@ class watch_calls:
                     spaces.append(space)
         spaces.append(vars(sys.modules["__main__"]))
         stand_ins = {id(target): self._counting(target) for target in self._c_types}
-        for target in self._c_types:
-            module = sys.modules.get(getattr(target, "__module__", ""))
-            for name, value in list(vars(module).items()) if module else ():
-                if value is target:
-                    setattr(module, name, stand_ins[id(target)])
-                    self._undo.append(functools.partial(setattr, module, name, value))
+        for module in list(sys.modules.values()):  # torch.finfo, torch._C.finfo, numpy.finfo, numpy.core.finfo …
+            if not isinstance(module, types.ModuleType):
+                continue
+            space = object.__getattribute__(module, "__dict__")
+            for name, value in list(space.items()) if isinstance(space, dict) else ():
+                if id(value) in stand_ins and any(value is target for target in self._c_types):
+                    space[name] = stand_ins[id(value)]
+                    self._undo.append(functools.partial(space.__setitem__, name, value))
         _AliasWalk(stand_ins, self.MAX_WALKED, self._undo).walk(spaces)
 
     def __enter__(self) -> watch_calls:
@@ -263,7 +265,10 @@ class _AliasWalk:
     def walk(self, spaces: list[dict]) -> None:
         self.queue.extend(spaces)
         while self.queue and self.budget > 0:
-            self._inside(self.queue.popleft())
+            try:
+                self._inside(self.queue.popleft())
+            except Exception:  # a value that cannot be looked into (a dead weakref.proxy raises ReferenceError)
+                continue
 
     def _new(self, value: object, depth: int = 0) -> object:
         """What takes `value`'s place: a stand-in, a rebuilt tuple, or `value` itself (then queued to look inside)."""
@@ -273,7 +278,11 @@ class _AliasWalk:
             self.budget -= len(value)  # type: ignore[arg-type]
             items = [self._new(item, depth + 1) for item in value]  # type: ignore[attr-defined]
             return type(value)(items) if any(a is not b for a, b in zip(items, value)) else value  # type: ignore
-        if id(value) not in self.seen and not isinstance(value, (str, bytes, int, float, type, types.ModuleType)):
+        try:
+            plain = isinstance(value, (str, bytes, int, float, type, types.ModuleType))
+        except Exception:  # a dead weakref.proxy raises ReferenceError: nothing to look into
+            return value
+        if id(value) not in self.seen and not plain:
             self.seen.add(id(value))
             self.queue.append(value)
         return value

@@ -319,3 +319,27 @@ def test_the_amp_update_op_is_counted_through_its_twin_and_below_autograd(route)
     with watch_calls(*ops) as seen, mode():
         scaler.update(True)
     assert seen.calls > 0 and scaler.scale_t.item() == 32768.0
+
+
+def smallest_subnormal_through_torch_c(dtype):
+    """The attack: torch.finfo's own class reached as torch._C.finfo."""
+    info = torch._C.finfo(dtype)
+    return float(info.tiny * info.eps)
+
+
+class _Gone:
+    pass
+
+
+def test_finfo_reached_through_torch_c_is_counted_and_dead_proxies_are_passed_over():
+    import weakref
+
+    gone = _Gone()
+    DEAD["proxy"] = weakref.proxy(gone)
+    del gone
+    with watch_calls(torch.finfo) as seen:
+        smallest_subnormal_through_torch_c(torch.float32)
+    assert seen.calls == 1 and torch._C.finfo is torch.finfo
+
+
+DEAD: dict = {}

@@ -343,3 +343,31 @@ def test_finfo_reached_through_torch_c_is_counted_and_dead_proxies_are_passed_ov
 
 
 DEAD: dict = {}
+
+
+def test_distributed_samplers_iter_bound_at_import_is_counted():
+    from torch.utils.data.distributed import DistributedSampler
+
+    sampler_iter = DistributedSampler.__iter__  # bound at import, as the attack did
+
+    def shard_indices(n, rank, world_size):
+        return list(sampler_iter(DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=False)))
+
+    with watch_calls(DistributedSampler.__iter__) as seen:  # what 07's hidden test watches
+        got = shard_indices(5, 1, 2)
+    assert seen.calls == 1 and got == [1, 3, 0]
+
+
+def test_numpys_own_finfo_calls_while_printing_are_not_the_students():
+    import numpy
+
+    def smallest_subnormal(dtype):
+        print(numpy.array([0.5, 1e-40]))  # numpy's array printing asks numpy.finfo itself
+        return 2.0 ** -149
+
+    with watch_calls(torch.finfo, numpy.finfo) as seen:
+        smallest_subnormal(torch.float32)
+    assert seen.calls == 0
+    with watch_calls(torch.finfo, numpy.finfo) as seen:
+        numpy.finfo(numpy.float32)
+    assert seen.calls == 1

@@ -4,13 +4,16 @@ Docker's default profile (moby/profiles seccomp/default.json, 2026-06-30) refuse
 does not list with EPERM. For a process with no capabilities — the kernel and everything it starts —
 this filter allows exactly Docker's unconditional list (`DOCKER_ALLOWED`) and Docker's conditional rules
 as they apply without capabilities (clone without namespace flags, clone3 answered ENOSYS so that the C
-library falls back to clone, socket but AF_ALG and AF_VSOCK, personality with the harmless values, the
-architecture's own calls), and is stricter in four places: ptrace and process_vm_readv/writev (Docker
-allows them on kernels ≥ 4.8) and memfd_secret are refused; prctl(PR_SET_DUMPABLE) can only keep a process dumpable,
-so every process of a submission stays countable by the sandbox's PID 1 (grader/kernel/memwatch.py); and no
-shared memory may be made that nothing of the sandbox can count (`UNCOUNTABLE`): memfd_create is answered ENOSYS
-(libraries fall back to a file in /dev/shm or /tmp, the sandbox's own tmpfs: asmjit in torch, libffi), and
-mmap(MAP_SHARED | MAP_ANONYMOUS) EPERM (the sandbox's /dev/zero cannot be mapped either: grader/kernel/newroot.py).
+library falls back to clone, personality with the harmless values, the architecture's own calls), and is
+stricter in five places: socket() only for AF_UNIX, AF_NETLINK, and TCP or UDP over AF_INET and AF_INET6 (buffers
+the watchdog counts); vmsplice and asynchronous I/O (io_setup …) are answered ENOSYS and fcntl(F_SETPIPE_SZ) refused
+above a pipe's default size (`KERNEL_MEMORY`: kernel memory no /proc file shows);
+ptrace and process_vm_readv/writev (Docker allows them on kernels ≥ 4.8) and memfd_secret are refused;
+prctl(PR_SET_DUMPABLE) can only keep a process dumpable, so every process of a submission stays countable by the
+sandbox's PID 1 (grader/kernel/memwatch.py); and no shared memory may be made that nothing of the sandbox can count
+(`UNCOUNTABLE`): memfd_create is answered ENOSYS (libraries fall back to a file in /dev/shm or /tmp, the sandbox's
+own tmpfs: asmjit in torch, libffi), and mmap(MAP_SHARED | MAP_ANONYMOUS) EPERM (the sandbox's /dev/zero cannot be
+mapped either: grader/kernel/newroot.py).
 keyctl, add_key and request_key are on no list: a kernel cannot reach any keyring, not even its own.
 
 Built once in the fork server with libseccomp (through pyseccomp; no hand-written BPF) and loaded by each
@@ -68,6 +71,18 @@ STRICTER = ("ptrace", "process_vm_readv", "process_vm_writev", "memfd_secret")
 # table; an anonymous shared mapping's pages leave the process's resident set on madvise(MADV_DONTNEED) or a
 # partial munmap and stay allocated (2.4 GiB held over a 1.5 GiB limit). The watchdog could not see either.
 UNCOUNTABLE = ("memfd_create", "mmap", "mmap2")
+# Kernel memory a submission could take that no /proc file of the sandbox shows: vmsplice pins the user pages it
+# splices, and 4 KiB from each 2 MiB transparent huge page pinned the whole page (48 pipes held 1.5 GiB unseen);
+# asynchronous I/O contexts take from the host-wide fs.aio-max-nr (io_setup(30000) took it all). Answered ENOSYS,
+# which callers take for "fall back" (Python, torch, ipykernel and multiprocessing use neither).
+KERNEL_MEMORY = ("vmsplice", "io_setup", "io_submit", "io_cancel", "io_destroy", "io_getevents", "io_pgetevents",
+                 "io_pgetevents_time64")
+# fcntl(F_SETPIPE_SZ) only up to a pipe's default size: a pipe's buffer is kernel memory the watchdog cannot count.
+F_SETPIPE_SZ, PIPE_DEFAULT_BYTES = 1031, 65536
+# socket() for the internet families only as TCP or UDP, whose buffers the watchdog counts through sock_diag
+# (grader/kernel/memwatch.py): UDP-Lite, SCTP, MPTCP and the rest have buffers it cannot see.
+AF_INET, AF_INET6, SOCK_STREAM, SOCK_DGRAM, SOCK_TYPE_MASK = 2, 10, 1, 2, 0xF
+IPPROTO_IP, IPPROTO_TCP, IPPROTO_UDP = 0, 6, 17  # with SOCK_STREAM, protocol 0 is TCP; with SOCK_DGRAM, UDP
 MAP_SHARED, MAP_ANONYMOUS = 0x01, 0x20  # MAP_SHARED_VALIDATE (0x03) has MAP_SHARED's bit
 ARCH_ALLOWED = {  # Docker's per-architecture rules
     "x86_64": ("arch_prctl", "modify_ldt"), "aarch64": ("arm_fadvise64_64", "arm_sync_file_range", "sync_file_range2",
@@ -115,7 +130,8 @@ def build(network: bool = True):
         flt.set_attr(sc.Attr.CTL_OPTIMIZE, 2)
     except OSError:
         pass  # libseccomp before 2.5: the list
-    refused = STRICTER + UNCOUNTABLE + ("prctl",) + (() if network else ("socketcall",))  # socketcall: 32-bit x86
+    refused = (STRICTER + UNCOUNTABLE + KERNEL_MEMORY + ("prctl", "fcntl", "fcntl64")
+               + (() if network else ("socketcall",)))  # socketcall: 32-bit x86
     allowed = [name for name in DOCKER_ALLOWED if name not in refused]
     allowed += ARCH_ALLOWED.get(os.uname().machine, ())
     for name in allowed:
@@ -125,14 +141,25 @@ def build(network: bool = True):
                                            CLONE_NAMESPACE_FLAGS, 0))
     flt.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
     flt.add_rule(sc.ERRNO(errno.ENOSYS), "memfd_create")  # ENOSYS: what callers take for "fall back"
+    for name in KERNEL_MEMORY:
+        if sc.resolve_syscall(sc.Arch.NATIVE, name) != -1:
+            flt.add_rule(sc.ERRNO(errno.ENOSYS), name)
+    for fcntl in ("fcntl", "fcntl64"):
+        if sc.resolve_syscall(sc.Arch.NATIVE, fcntl) != -1:
+            flt.add_rule(sc.ALLOW, fcntl, sc.Arg(1, sc.NE, F_SETPIPE_SZ))
+            flt.add_rule(sc.ALLOW, fcntl, sc.Arg(1, sc.EQ, F_SETPIPE_SZ), sc.Arg(2, sc.LE, PIPE_DEFAULT_BYTES))
     for mmap in ("mmap", "mmap2"):  # every mapping but an anonymous shared one (flags, the fourth argument)
         if sc.resolve_syscall(sc.Arch.NATIVE, mmap) != -1:
             flt.add_rule(sc.ALLOW, mmap, sc.Arg(3, sc.MASKED_EQ, MAP_ANONYMOUS, 0))
             flt.add_rule(sc.ALLOW, mmap, sc.Arg(3, sc.MASKED_EQ, MAP_SHARED, 0))
-    if network:
-        flt.add_rule(sc.ALLOW, "socket", sc.Arg(0, sc.LT, AF_ALG))
-        flt.add_rule(sc.ALLOW, "socket", sc.Arg(0, sc.EQ, AF_ALG + 1))
-        flt.add_rule(sc.ALLOW, "socket", sc.Arg(0, sc.GT, AF_VSOCK))
+    if network:  # AF_UNIX, AF_NETLINK as they were; TCP and UDP over AF_INET and AF_INET6; nothing else
+        flt.add_rule(sc.ALLOW, "socket", sc.Arg(0, sc.EQ, AF_UNIX))
+        flt.add_rule(sc.ALLOW, "socket", sc.Arg(0, sc.EQ, AF_NETLINK))
+        for family in (AF_INET, AF_INET6):
+            for kind, protocol in ((SOCK_STREAM, IPPROTO_IP), (SOCK_STREAM, IPPROTO_TCP), (SOCK_DGRAM, IPPROTO_IP),
+                                   (SOCK_DGRAM, IPPROTO_UDP)):
+                flt.add_rule(sc.ALLOW, "socket", sc.Arg(0, sc.EQ, family),
+                             sc.Arg(1, sc.MASKED_EQ, SOCK_TYPE_MASK, kind), sc.Arg(2, sc.EQ, protocol))
     else:
         flt.add_rule(sc.ALLOW, "socket", sc.Arg(0, sc.EQ, AF_UNIX))
         flt.add_rule(sc.ALLOW, "socket", sc.Arg(0, sc.EQ, AF_NETLINK), sc.Arg(2, sc.EQ, NETLINK_ROUTE))

@@ -371,3 +371,32 @@ def test_numpys_own_finfo_calls_while_printing_are_not_the_students():
     with watch_calls(torch.finfo, numpy.finfo) as seen:
         numpy.finfo(numpy.float32)
     assert seen.calls == 1
+
+
+@pytest.mark.parametrize("event", ["os.fork", "subprocess.Popen", "os.posix_spawn"])
+def test_a_process_started_during_the_call_is_counted_and_none_after(event):
+    import sys
+
+    def mse_grad_elsewhere(w, X, y):
+        sys.audit(event, None)  # what os.fork(), subprocess.Popen and os.posix_spawn raise before they start one
+        return 2 / 6 * X.T @ (X @ w - y)
+
+    with autograd_guard() as guard:
+        mse_grad_elsewhere(w, X, y)
+    assert guard.calls > 0
+    sys.audit(event, None)  # no watch open: the hook does nothing
+    with autograd_guard() as guard:
+        2 / 6 * X.T @ (X @ w - y)
+    assert guard.calls == 0
+
+
+@pytest.mark.integration  # starts a process
+def test_a_real_fork_during_the_call_is_counted():
+    import os
+
+    with autograd_guard() as guard:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+    assert guard.calls > 0

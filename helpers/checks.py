@@ -136,6 +136,11 @@ def earlier_exercise(number: int, name: str) -> Iterator[None]:
                            f"{type(error).__name__}: {error}") from None
 
 
+def returned(value: object) -> str:
+    """What a check says an answer returned: its type's name, or for None the likely cause (notebook 01)."""
+    return "None — is a `return` missing?" if value is None else type(value).__name__
+
+
 def note_rebound(names: Mapping[str, object], **course: torch.Tensor) -> None:
     """Say which course tensors a student's cell has rebound; the visible checks use the rebuilt ones (notebook 01).
 
@@ -214,7 +219,7 @@ def check_tensor(
     """Check a returned tensor's type, shape, finiteness and values against an oracle (notebook 01)."""
     suffix = f" Hint: {hint}" if hint else ""
     if not isinstance(actual, torch.Tensor):
-        fail(f"{name} should return a torch.Tensor, got {type(actual).__name__}.{suffix}")
+        fail(f"{name} should return a torch.Tensor, got {returned(actual)}.{suffix}")
     assert isinstance(actual, torch.Tensor)
     if actual.shape != expected.shape:
         fail(f"{name} returned shape {list(actual.shape)}, expected {list(expected.shape)}.{suffix}")
@@ -243,7 +248,7 @@ def check_scalar(
             fail(f"{name} should be a single number, got a tensor of shape {list(actual.shape)}.{suffix}")
         actual = actual.item()
     if isinstance(actual, bool) or not isinstance(actual, (int, float)):
-        fail(f"{name} should be a number, got {type(actual).__name__}.{suffix}")
+        fail(f"{name} should be a number, got {returned(actual)}.{suffix}")
     value = float(actual)  # type: ignore[arg-type]
     if math.isclose(value, expected, rel_tol=rtol, abs_tol=atol):
         return

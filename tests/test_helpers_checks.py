@@ -198,3 +198,9 @@ def test_a_rebound_course_tensor_is_named_and_an_untouched_one_is_not(capsys):
     assert "`X` no longer holds the course data" in out and "`y` no longer holds the course data" in out
     note_rebound({}, X=X_course)
     assert "`X` no longer holds" in capsys.readouterr().out  # deleted counts as rebound
+
+
+def test_an_answer_that_returns_nothing_is_asked_about_its_return():
+    for run in (lambda: check_tensor(None, torch.ones(2), name="mse_grad"), lambda: check_scalar(None, 1.0, name="critical_lr")):
+        with pytest.raises(CheckFailure, match=r"got None — is a `return` missing\?"):
+            run()

@@ -22,7 +22,7 @@ import signal
 import pytest
 from unix_users import unavailable
 
-from grader.kernel import confine, harness, kernelspec, sandbox
+from grader.kernel import confine, harness, kernelspec, memwatch, sandbox
 from grader.kernel.harness import DIED
 
 pytestmark = pytest.mark.slow
@@ -177,13 +177,16 @@ t = torch.zeros(1000).share_memory_()
 result["torch shared"] = bool(t.is_shared())
 value = multiprocessing.get_context("fork").Value("i", 7)
 result["multiprocessing"] = value.value
+libc.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+queue = libc.mq_open(b"/default", os.O_CREAT | os.O_RDWR, 0o600, None)  # 10 messages of 8 KiB
+result["mq_open"] = 0 if queue >= 0 else ctypes.get_errno()
 print("RESULT", json.dumps(result))
 """, 90)
     text = _text(step)
     assert "RESULT" in text, (step.failure, text, step.outputs)
     assert json.loads(text.split("RESULT ", 1)[1]) == {"memfd_create": 38, "private": "hello", "file shared": 2**20,
                                                         "zeros": "00000000", "torch shared": True,
-                                                        "multiprocessing": 7}
+                                                        "multiprocessing": 7, "mq_open": 0}
 
 
 # --- 2. per-user quotas -----------------------------------------------------------------------------------------
@@ -339,3 +342,69 @@ def test_kernel_memory_no_proc_file_shows_is_refused(watched):
     assert json.loads(text.split("RESULT ", 1)[1]) == {
         "vmsplice": 38, "io_setup": 38, "F_SETPIPE_SZ 1 MiB": 1, "F_SETPIPE_SZ 64 KiB": 0, "UDP-Lite": 1, "SCTP": 1,
         "MPTCP": 1, "AF_PACKET": 1, "TCP": 0, "TCP6": 0, "UDP": 0, "UDP6": 0, "unix": 0, "netlink": 0}
+
+
+SYSV_IPC = """
+import ctypes, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+result = {name: open(f"/proc/sys/kernel/{name}").read().split() for name in ("sem", "msgmni", "msgmnb", "shmmni")}
+result["semget 32000"] = 0 if libc.semget(0, 32000, 0o1600) >= 0 else ctypes.get_errno()
+sets = 0
+while sets < 1000 and libc.semget(0, 250, 0o1600) >= 0:
+    sets += 1
+result["semaphores"] = sets * 250
+libc.msgsnd.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+message = ctypes.create_string_buffer(16)
+ctypes.c_long.from_buffer(message).value = 1
+queues = messages = 0
+while queues < 1000 and (queue := libc.msgget(0, 0o1600)) >= 0:
+    queues += 1
+    while messages < 10**7 and libc.msgsnd(queue, message, 0, 0o4000) == 0:  # empty, IPC_NOWAIT
+        messages += 1
+result["queues"], result["messages"] = queues, messages
+print("RESULT", json.dumps(result))
+"""
+
+
+def test_system_v_semaphores_and_messages_are_bounded(watched):
+    """800 sets of 32000 semaphores held 1.8 GiB, and empty messages (64 bytes each, none of it `cbytes`) went
+    uncounted: the sandbox's IPC namespace now has small limits (confine.IPC_NS_LIMITS). Only the host's root may
+    write them; under a non-root grader the watchdog's count alone holds them (the next test)."""
+    if os.geteuid() != 0:
+        pytest.skip("only a root grader's sandbox can write its IPC namespace's limits")
+    step = watched().run(SYSV_IPC, 90)
+    text = _text(step)
+    assert "RESULT" in text, (step.failure, text, step.outputs)
+    result = json.loads(text.split("RESULT ", 1)[1])
+    assert {name: result[name] for name in ("sem", "msgmni", "msgmnb", "shmmni")} == {
+        name: value.split() for name, value in confine.IPC_NS_LIMITS.items()}, result
+    assert result["semget 32000"] == 22 and result["semaphores"] <= 8192, result  # EINVAL: more than semmsl
+    assert result["queues"] <= 32 and result["messages"] <= 32 * 16384, result
+
+
+COUNT_SYSV = """
+import ctypes, json
+from grader.kernel import memwatch
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.unshare(0x10000000 | 0x08000000) == 0  # CLONE_NEWUSER | CLONE_NEWIPC: a namespace of its own
+before = memwatch._sysv_bytes()
+assert libc.semget(0, 1000, 0o1600) >= 0
+libc.msgsnd.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+message = ctypes.create_string_buffer(16)
+ctypes.c_long.from_buffer(message).value = 1
+queue = libc.msgget(0, 0o1600)
+for _ in range(100):
+    assert libc.msgsnd(queue, message, 0, 0o4000) == 0
+print(json.dumps([before, memwatch._sysv_bytes()]))
+"""
+
+
+def test_the_watchdog_counts_semaphores_and_empty_messages():
+    """Before, /proc/sysvipc/sem went unread and an empty message counted nothing."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", COUNT_SYSV], capture_output=True, text=True, timeout=60,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [0, 1000 * memwatch.SYSV_EACH["nsems"] + 100 * memwatch.SYSV_EACH["qnum"]]

@@ -49,24 +49,29 @@ def _memfd_bytes(pids: list[int]) -> int:
     return sum(seen.values())
 
 
+SYSV_EACH = {"nsems": 72, "qnum": 64}  # bytes the kernel keeps for a semaphore, for a message besides its text
+
+
 def _sysv_bytes() -> int:
     """System V shared memory and message queues: they live in the namespace, not in any process.
 
     Every segment at the pages it holds (`rss` and `swap`: the segment's own, whether or not a process maps
     them; a segment a process maps counts again in that process: an upper bound). Counted only as mapped, a
     segment would hide behind madvise(MADV_DONTNEED), which drops the pages from the process, not from the
-    segment."""
+    segment. Semaphores and messages at what the kernel keeps for each (`SYSV_EACH`): 800 sets of 32000 semaphores
+    held 1.8 GiB, and an empty message takes its header."""
     total = 0
-    for table, columns in (("shm", ("rss", "swap")), ("msg", ("cbytes",))):
+    for table, columns in (("shm", ("rss", "swap")), ("msg", ("cbytes", "qnum")), ("sem", ("nsems",))):
         try:
             with open(f"/proc/sysvipc/{table}") as f:
                 header = f.readline().split()
                 for line in f:
                     row = dict(zip(header, line.split()))
-                    total += sum(int(row.get(column, 0)) for column in columns)
+                    total += sum(int(row.get(column, 0)) * SYSV_EACH.get(column, 1) for column in columns)
         except (OSError, ValueError):
             pass
     return total
+
 
 
 def size_text(n: float) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from grader.kernel import pid1
+from grader.kernel import confine, pid1
 from grader.kernel.protocol import Handshake, Request, SandboxLimits
 from grader.kernel.syscalls import (
     CLONE_NEWCGROUP,
@@ -205,6 +205,7 @@ def run_a(request: Request, report_w: int, to_server: int, from_server: int) -> 
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     opened = Opened.of(request)
     if root_grader:  # from here on nobody outside the namespace (its capabilities inside stay, for the mounts)
+        confine.cap_ipc_limits("/proc/sys/kernel")  # the new IPC namespace's: only the host's root may write them
         os.setresgid(INSIDE_GID, INSIDE_GID, INSIDE_GID)
         os.setresuid(INSIDE_UID, INSIDE_UID, INSIDE_UID)
         die_with_parent(server)  # a change of uid clears the parent-death signal

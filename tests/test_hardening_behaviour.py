@@ -400,3 +400,15 @@ def test_a_real_fork_during_the_call_is_counted():
             os._exit(0)
         os.waitpid(pid, 0)
     assert guard.calls > 0
+
+
+class _OwnDispatch(torch.Tensor):
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise AssertionError("ran the student's __torch_dispatch__")
+
+
+def test_a_tensor_subclass_with_its_own_dispatch_is_another_type():
+    value = torch.Tensor._make_wrapper_subclass(_OwnDispatch, (2,))
+    got = compare(decode_value(probe.encode(value)), 0.25, "critical_lr", {})
+    assert got == "critical_lr should be a number, got an object of another type."

@@ -121,7 +121,7 @@ def _encode_tensor(torch, value) -> dict:
         if base is torch.Tensor:
             break
         if "__torch_dispatch__" in _TYPE_DICT(base):
-            return {"t": "other", "type": "Tensor subclass"}
+            return {"t": "other", "type": _TYPE_NAME(type(value))}
     with torch._C.DisableTorchFunction():
         value = torch.Tensor.as_subclass(value, torch.Tensor)
         dtype = str(value.dtype).removeprefix("torch.")

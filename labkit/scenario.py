@@ -45,14 +45,16 @@ class watch_calls:
     """Count calls of `targets` (functions, methods, classes, built-ins, torch ops) while active, however they were
     reached and in whichever thread (notebook 01).
 
-    A Python function is watched in every thread of the process, however started or whenever: its code is swapped for
-    one that counts and then runs the original (so a name bound at import, an alias, a wrapper or torch's own helpers
-    calling it all count), and a copy of its code run in this thread counts too (a profile hook). A torch op
-    (`torch.ops.aten.name`, its overloads, the `torch.name` built-in of it) is watched in torch's dispatcher: every
-    route to it counts, from any thread. Another built-in counts when this thread, or a thread started meanwhile,
-    calls it. A class counts calls of any method it defines. A class written in C (torch.finfo) has no code to watch:
-    its module attribute and every reference to it in the student's namespaces — in their dicts, lists, sets, tuples,
-    objects, closures and defaults, up to MAX_WALKED values — are swapped for a counting stand-in.
+    A Python function is watched in every thread of the process, however started or whenever: its code is swapped
+    for one that counts and then runs the original (so a name bound at import, an alias, a wrapper or torch's own
+    helpers calling it all count), and a copy of its code run in this thread counts too (a profile hook). A torch op
+    (`torch.ops.aten.name`, its overloads, the `torch.name` built-in of it, its functional or in-place twin) is
+    watched in torch's dispatcher: every route to it counts, from any thread, inference mode included. Another
+    built-in counts when this thread, or a thread started meanwhile, calls it. A class counts calls of any method it
+    defines. A class written in C (torch.finfo) has no code to watch: every loaded module's attribute for it
+    (torch.finfo, torch._C.finfo) and every reference to it in the student's namespaces — in their dicts, lists,
+    sets, tuples, objects, closures and defaults, up to MAX_WALKED values — are swapped for a counting stand-in;
+    numpy's and torch's own calls of a watched class do not count. A process started while the watch is open counts.
     """
 
     MAX_WALKED = 20_000  # values looked through for a C type's references (the student's namespaces, nested)

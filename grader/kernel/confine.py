@@ -59,8 +59,7 @@ QUOTA_RLIMITS = (  # charged the same way, checked against the limit of the proc
 IPC_NS_LIMITS = {  # /proc/sys/kernel/*
     "sem": "250 8192 32 32",  # per set, in all, operations per semop, sets
     "msgmni": "32", "msgmnb": "16384",  # queues; bytes (and messages) per queue, the default
-    "shmmni": "32",  # segments (each counted at its pages; its size is bounded by /dev/shm's and the memory limit)
-}
+}  # shared memory segments keep the defaults: each counts at its pages
 
 
 def cap_ipc_limits(sysctl_kernel: str) -> None:

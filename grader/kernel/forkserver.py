@@ -9,7 +9,8 @@ submissions can overlap: the next kernel starts while the last one grades), and 
     A  (grader/kernel/newroot.py) joins the submission's cgroups, unshares user, mount, IPC, network, UTS,
        PID and cgroup namespaces, builds a new root (read-only binds of the system, Python, helpers/ and
        labkit/; sized tmpfs for /tmp and /dev/shm; the submission's socket folder), and takes uid 1000 in its
-       user namespace, which is `nobody` outside when the grader is root and the grader's own uid otherwise;
+       user namespace, which is a host uid of its own outside when the grader is root (`sandbox_uid`) and the
+       grader's own uid otherwise;
     B  (grader/kernel/pid1.py) PID 1 of the new PID namespace: mounts /proc, pivots into the new root, brings
        up loopback, reaps orphans, enforces the memory limit when no cgroup does (grader/kernel/memwatch.py),
        and says why the kernel died; when it exits the kernel kills every process left in the namespace;
@@ -87,13 +88,31 @@ def _peer_uid(conn: socket.socket) -> int:
     return struct.unpack("3i", creds)[1]
 
 
-def _write_id_maps(pid: int) -> None:
-    """Map uid/gid 1000 inside A's new user namespace: to `nobody` for a root grader, else to the grader's uid.
+# Linux counts epoll watches, descriptors in flight in unix sockets and pipe pages per host uid, whatever the
+# namespace: were every sandbox `nobody`, one hand-in holding them all would break the kernels beside and after it
+# (zmq aborted, an honest DataLoader's workers failed). A root grader gives each sandbox a host uid of its own: this
+# base plus the pid of its process A, which lives as long as the sandbox (its PID namespace ends with it), so no two
+# live sandboxes share one. No account should use uids from 2**20 to 2**20 + pid_max (2**22 at most).
+SANDBOX_UID_BASE = 2**20
+
+
+def sandbox_uid(pid: int) -> int:
+    """The host uid of the sandbox whose process A is `pid`, when the grader is root."""
+    return SANDBOX_UID_BASE + pid
+
+
+def _write_id_maps(pid: int, request: Request) -> None:
+    """Map uid/gid 1000 inside A's new user namespace: for a root grader to a uid of its own (`sandbox_uid`; the
+    group `nobody`), which gets the socket folder and the connection file in it; else to the grader's uid and gid.
 
     Written from here because only a process outside the new namespace may map ids other than its own.
     """
     uid, gid = os.geteuid(), os.getegid()
-    outside_uid, outside_gid = (NOBODY, NOBODY) if uid == 0 else (uid, gid)
+    outside_uid, outside_gid = (sandbox_uid(pid), NOBODY) if uid == 0 else (uid, gid)
+    if uid == 0:  # the kernel writes its sockets there and reads its connection file
+        for path in (request["folder"], request.get("connection_file")):
+            if path is not None:
+                os.chown(path, outside_uid, outside_gid, follow_symlinks=False)
     if uid != 0:
         with open(f"/proc/{pid}/setgroups", "w") as f:  # required before an unprivileged gid_map
             f.write("deny")
@@ -144,7 +163,7 @@ def start_submission(request: Request) -> tuple[int, int, int]:
     try:
         ready, _, _ = select.select([from_a_r], [], [], 30)
         if ready and os.read(from_a_r, 1) == Handshake.UNSHARED.value:
-            _write_id_maps(pid)
+            _write_id_maps(pid, request)
             os.write(to_a_w, Handshake.MAPPED.value)
     except OSError as exc:  # A dies without its maps: the supervisor sees it at once
         print(f"forkserver: cannot map the ids of the submission's user namespace: {exc}", file=sys.stderr)

@@ -275,7 +275,8 @@ def enforcement() -> dict[str, str]:
         "per-user quotas": "capped in the submission's user namespace, so it takes at most this much of yours: "
                            + ", ".join(f"{name} {value}" for name, value in USER_NS_QUOTAS.items() if value)
                            + ", " + ", ".join(f"{name} {value}" for name, value in QUOTA_RLIMITS),
-        "user": ("uid nobody outside its user namespace, no capabilities" if os.geteuid() == 0 else
+        "user": ("a host uid of its own (2**20 + a pid) outside its user namespace, no capabilities"
+                 if os.geteuid() == 0 else
                  f"uid {os.geteuid()} (yours) outside its user namespace, no capabilities"),
         "system calls": "seccomp filter at least as strict as Docker's default profile (grader/kernel/seccomp.py); "
                         "no keyring calls (each kernel also joins a fresh session keyring)",

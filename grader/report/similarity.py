@@ -8,9 +8,10 @@ fingerprinting", SIGMOD 2003 — the algorithm behind MOSS), on tokens:
    become calls; when IPython is not installed they stay as they are), then goes through Python's tokenizer; a line
    that stops the tokenizer (an unclosed bracket or string) is dropped, that line alone, and the rest tokenized
    again (after MAX_DROPPED such lines the rest is split into words instead). A string literal passed to exec,
-   eval or compile is tokenized as the code it holds. Comments and blank lines are dropped; string literals become `S`; every name the student chose
-   becomes `V`, while keywords, operators, numbers, attribute names (`.sum`, `.T`), builtins and the usual
-   module names (`torch`, `np`, …) stay. Renaming variables, reformatting or adding comments changes nothing.
+   eval or compile is tokenized as the code it holds. Comments and blank lines are dropped; string literals become
+   `S`; every name the student chose becomes `V`, while keywords, operators, numbers, attribute names (`.sum`,
+   `.T`), builtins and the usual module names (`torch`, `np`, …) stay. Renaming variables, reformatting or adding
+   comments changes nothing.
 2. Fingerprints. Every run of K consecutive tokens (a k-gram) is hashed (blake2b, so the same class gives the
    same report on every machine); in each window of W consecutive hashes the smallest is kept (the rightmost on
    ties). Two cells that share a run of at least W + K - 1 tokens share a fingerprint; runs shorter than K never

@@ -274,7 +274,7 @@ def named_scaler_errors(name: str) -> Iterator[None]:
         yield
     except CheckFailure:
         raise
-    except (RuntimeError, AssertionError) as error:
+    except (AssertionError, RuntimeError) as error:  # GradScaler's own checks raise both
         advice = next((advice for text, advice in SCALER_COMPLAINTS.items() if text in str(error)), None)
         if advice is None:
             raise

@@ -361,7 +361,7 @@ HABITS = {
                  "torch.tensor([1.0], requires_grad=True).grad  # a torch UserWarning", "critical_lr"),
     "plots": ("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()", "gradient_descent"),
     "an-error-in-a-scratch-cell": ("1 / 0", "numerical_grad"),
-    "reset-below-the-tests": ("%reset -f", "critical_lr"),  # every name gone: each test still sees its place's
+    "reset-below-the-tests": ("%reset -f", "best_momentum"),  # every name gone: each test still sees its place's
     "float64-by-default": ("torch.set_default_dtype(torch.float64)\ntorch.set_grad_enabled(False)", "setup"),
     # every global switch a scratch cell can flip (issue 20): each hidden test runs with torch's defaults
     "every-global-switch-flipped": (

@@ -93,10 +93,20 @@ def _visible(assignment: Assignment) -> dict[str, tuple[str, ast.FunctionDef | a
     for cell in nbformat.read(assignment.release, as_version=4).cells:
         if cells.kind(cell) in (cells.PROSE, cells.WRITTEN, cells.ANSWER):
             continue
+        imports = _imports(cell.source)  # what the cell's definitions may need: a crib copies them too
         for name, node in _definitions(cell.source).items():
             found[name] = (f"cell {cells.grade_id(cell) or '?'} of the released notebook", node,
-                           ast.get_source_segment(cell.source, node) or ast.unparse(node))
+                           "\n".join([*imports, ast.get_source_segment(cell.source, node) or ast.unparse(node)]))
     return found
+
+
+def _imports(source: str) -> list[str]:
+    """The top-level import statements of a cell's source (none when it does not parse)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    return [ast.unparse(node) for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
 
 
 def _with_dependencies(name: str, visible: dict) -> list[str]:
@@ -160,7 +170,8 @@ def cribs(assignment: Assignment) -> list[Crib]:
             if name == target or not _signature_of_def(node).can_stand_in_for(wanted):
                 continue
             needed = [visible[n][2] for n in _with_dependencies(name, visible) if n != name]
-            crib = "\n\n".join([answers[cell], *needed, _renamed(node, target)])
+            own_imports = visible[name][2].split("\n")[:len(_imports(visible[name][2]))]
+            crib = "\n\n".join([answers[cell], *needed, *own_imports, _renamed(node, target)])
             found.append(Crib(f"crib-{target}-from-{name}", test, cell, origin, crib))
         for qualified, (module, obj) in sorted(helper_objects.items()):
             signature = _signature_of_object(obj)

@@ -299,7 +299,8 @@ def test_feedback_never_shows_hidden_tests_or_what_ran_after_them(graded_class):
         assert not hidden & shown_lines(text), f"{page} shows hidden test lines"
         assert "_tml_probe" not in text and "BEGIN HIDDEN TESTS" not in text and "manual_seed(101)" not in text
     wrong = (out / "feedback" / "wrong-gradient_descent_ascends" / ONE / f"{ONE}.html").read_text()
-    assert "0 / 3 points" in wrong and "record the loss before each update" not in wrong.split("losses")[0]
+    assert f"0 / {FULL['gradient_descent']:g} points" in wrong and \
+        "record the loss before each update" not in wrong.split("losses")[0]
 
 
 # Hand-ins whose own thread sends forged results all the time: which tests it lands in (and so which tests get

@@ -31,7 +31,7 @@ from grader.kernel import kernelspec, limits, sandbox
 
 pytestmark = pytest.mark.slow
 ONE = "01_gradient_descent"
-TIMEOUT = "10"  # seconds per cell: the slowest reference cell takes under 1 s
+TIMEOUT = "10"  # seconds per cell: the slowest reference cell (the imports) takes about 3 s on an idle 2-core machine
 A = assignment_named(ONE)
 FULL = A.grade_cells()
 ZERO = {k: 0.0 for k in FULL}
@@ -441,7 +441,9 @@ def honest_class(tmp_path_factory):
     (cls / "saved-by-colab-with-outputs" / ONE).mkdir(parents=True)
     (cls / "saved-by-colab-with-outputs" / ONE / A.notebook).write_text(json.dumps(colab))
     out = root / "graded"
-    autograde(cls, out, "--timeout", TIMEOUT)
+    # The instructor's default per-cell budget: a habit may be slow without being wrong (the first
+    # torch.use_deterministic_algorithms imports torch._dynamo, 2.3 s idle, over 10 s on a loaded CI machine).
+    autograde(cls, out)
     return read_rows(out), out
 
 

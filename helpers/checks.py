@@ -106,6 +106,12 @@ def exercise_test(number: int, name: str) -> Iterator[None]:
                            "(after a kernel restart, Run → Run All Above Selected Cell).") from None
     except CheckFailure:
         raise
+    except TypeError as error:
+        if "NoneType" in str(error) and not _answer_frames(error.__traceback__):  # the check used what came back
+            raise CheckFailure(f"exercise {number} (`{name}`) returned None where this check needs a value — is a "
+                               "`return` missing?") from None
+        raise CheckFailure(f"exercise {number} (`{name}`) raised TypeError: {error}"
+                           f"{_where(_answer_frames(error.__traceback__))}") from None
     except Exception as error:  # the answer crashed: name the error and where, without torch's frames
         raise CheckFailure(f"exercise {number} (`{name}`) raised {type(error).__name__}: {error}"
                            f"{_where(_answer_frames(error.__traceback__))}") from None
@@ -170,8 +176,8 @@ def constant_factor(actual: torch.Tensor, expected: torch.Tensor) -> float | Non
     a = actual.detach().double().flatten()
     e = expected.detach().double().flatten()
     e_norm = float(e.norm())
-    if e_norm == 0.0 or not bool(torch.isfinite(a).all()):
-        return None
+    if e_norm == 0.0 or float(a.norm()) == 0.0 or not bool(torch.isfinite(a).all()):
+        return None  # all zeros is not "a factor of 0": describe_mismatch names it
     k = float(a @ e) / e_norm**2
     residual = float((a - k * e).norm())
     if residual > 1e-3 * max(float(a.norm()), e_norm) or math.isclose(k, 1.0, rel_tol=1e-3):
@@ -192,6 +198,8 @@ def describe_mismatch(
     actual: torch.Tensor, expected: torch.Tensor, factor_hints: Mapping[float, str] | None = None
 ) -> str:
     """One sentence on how `actual` differs from `expected` (notebook 01)."""
+    if not bool(actual.detach().ne(0).any()) and bool(expected.detach().ne(0).any()):
+        return "every value is 0 where nonzero values were expected"
     k = constant_factor(actual, expected)
     if k is not None:
         return f"off by a factor of {k:.4g}{_factor_advice(k, factor_hints)}"
@@ -253,7 +261,7 @@ def check_scalar(
     if math.isclose(value, expected, rel_tol=rtol, abs_tol=atol):
         return
     advice = ""
-    if expected != 0.0 and math.isfinite(value):
+    if expected != 0.0 and value != 0.0 and math.isfinite(value):
         k = value / expected
         advice = f" (off by a factor of {k:.4g}{_factor_advice(k, factor_hints)})"
     fail(f"{name}: expected {expected:.6g}, got {value:.6g}{advice}.{suffix}")

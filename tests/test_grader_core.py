@@ -267,6 +267,7 @@ def test_the_message_names_the_mistake_and_comes_from_the_reference():
 def test_a_second_bug_is_named_after_the_first_message_by_the_references_names():
     both = judge("f", 2, REFERENCE, record(("f on 1", torch.tensor([1.0, 2.0]), {}), ("f keeps x", False, {})))
     assert both.message.startswith("f on 1") and both.message.endswith(" Also failed: “f keeps x”.")
+    assert ". Also failed" in both.message or "? Also failed" in both.message  # the first message ends its sentence
     many = record(*((f"f on {i}", float(i), {}) for i in range(20)))
     wrong = judge("f", 2, many, record(*((f"f on {i}", float(i) + 1, {}) for i in range(20))))
     assert wrong.message.count("“") == outflow.MAX_ALSO_FAILED and wrong.message.endswith(

@@ -66,6 +66,14 @@ def test_unrelated_values_name_the_worst_entry():
     assert "index [1]" in message and "expected 2" in message and "got 5" in message
 
 
+def test_all_zeros_is_named_not_called_a_factor_of_zero():
+    message = describe_mismatch(torch.zeros(3), torch.tensor([1.0, 2.0, 3.0]))
+    assert "every value is 0" in message and "factor" not in message
+    with pytest.raises(CheckFailure) as failure:
+        check_scalar(0.0, 6.0, name="d/dw")
+    assert "expected 6, got 0" in str(failure.value) and "factor" not in str(failure.value)
+
+
 def test_check_scalar_accepts_numbers_and_explains_factors():
     check_scalar(torch.tensor(6.0), 6.0, name="d/dw")
     check_scalar(6, 6.0, name="d/dw")
@@ -148,6 +156,13 @@ def test_a_blank_missing_or_crashing_answer_is_named_without_frames():
     in_cell("def mse_grad(w, X, y):\n    return wrong_name\n", 16, answers)
     with pytest.raises(CheckFailure, match=r"raised NameError: name 'wrong_name' is not defined\n  in `mse_grad`, line 2"):
         in_cell(test, 17, {**answers, "exercise_test": exercise_test})
+    in_cell("def gradient_descent(w0, X, y, lr, steps):\n    w = w0.clone()\n", 18, answers)  # no return
+    with pytest.raises(CheckFailure, match=r"returned None where this check needs a value — is a `return` missing\?"):
+        in_cell("with exercise_test(3, 'gradient_descent'):\n    w, losses = gradient_descent(torch.ones(2), 0, 0, 0, 1)\n",
+                19, {**answers, "exercise_test": exercise_test, "torch": torch})
+    in_cell("def mse_grad(w, X, y):\n    return None + w\n", 20, answers)  # a TypeError of the answer's own
+    with pytest.raises(CheckFailure, match=r"raised TypeError: .*NoneType.*\n  in `mse_grad`, line 2"):
+        in_cell(test, 21, {**answers, "exercise_test": exercise_test})
     with exercise_test(1, "mse_grad"):
         pass  # a correct answer is silent
     with pytest.raises(CheckFailure, match="factor of 2"), exercise_test(1, "mse_grad"):

@@ -381,7 +381,8 @@ def judge(test: str, max_points: float, reference: ScenarioRecord, student: Scen
             also.append(item.name)
     if not first:
         return Verdict(test, max_points, max_points)
-    return Verdict(test, 0.0, max_points, first + _also_failed(also))
+    ended = first if not also or first.endswith((".", "?", "!")) else first + "."  # a hint may end without a stop
+    return Verdict(test, 0.0, max_points, ended + _also_failed(also))
 
 
 def _also_failed(names: list[str]) -> str:

@@ -100,6 +100,45 @@ def _odd_hand_in() -> nbformat.NotebookNode:
     return nb
 
 
+class Sending:
+    """A kernel each of whose steps sends `chars` characters of scenario payload (as Kernel.run reports them)."""
+
+    def __init__(self, chars):
+        self.chars = chars
+
+    def run(self, code, timeout, store_history=True):
+        return harness.StepRun(payloads=[{"kind": "observed"}], payload_chars=self.chars)
+
+    def stop(self):
+        pass
+
+
+def test_payloads_are_kept_only_from_scenarios_and_bounded_for_the_notebook():
+    """Review round 3: payload messages sent from the student's own cells (or many copies of an answer) were all kept,
+    parsed, in the grader's memory; now only a test step's are read, and all of them together are bounded."""
+    own = [harness.Step(f"cell {i}", "display(...)", True, added=True) for i in range(50)]
+    tests = [harness.Step(f"t{i}", "scenario", False, test=f"t{i}") for i in range(6)]
+    per_test = harness.MAX_TOTAL_PAYLOAD_CHARS // 4 + 1  # the fourth test goes past the notebook's bound
+    runs = harness.run_steps(own + tests, lambda: Sending(per_test), timeout=30)
+    assert all(not run.payloads for run in runs[:50])
+    assert [bool(run.payloads) for run in runs[50:]] == [True, True, True, False, False, False]
+    assert [run.failure for run in runs[50:]] == ["", "", "", *[harness.OUTPUT_LIMIT] * 3]
+
+
+def test_a_forged_value_decoding_cannot_raise_is_read_as_forged():
+    """Review round 3: a forged message whose spec or value made decoding raise ValueError, OverflowError or
+    TypeError took the whole notebook down (the exception's name in the status column)."""
+    from grader.judge.judge import BadPayload, Unreadable, decode_messages
+
+    for hints in ([[1, 2, 3]], [[10**400, "x"]], [5]):
+        item = {"name": "x", "value": {"t": "none"}, "spec": {"factor_hints": hints}}
+        forged = [{"test": "mse_grad", "seq": 0, "kind": "observed", "item": item},
+                  {"test": "mse_grad", "seq": 1, "kind": "end"}]
+        with pytest.raises(BadPayload) as bad:
+            decode_messages(forged, "mse_grad")
+        assert bad.value.why == Unreadable.FORGED
+
+
 def test_a_rebuilt_hand_in_holds_only_strings_utf8_can_encode():
     rebuilt, notes = rebuild(_odd_hand_in(), nbformat.read(ONE.release, as_version=4))
     nbformat.writes(rebuilt).encode("utf-8")

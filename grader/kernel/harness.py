@@ -32,7 +32,8 @@ from labkit import cells
 PROBE_SOURCE = Path(probe.__file__).read_text(encoding="utf-8")
 MAX_OUTPUT_CHARS = 1_000_000  # per step, what a cell prints or displays
 MAX_TOTAL_OUTPUT_CHARS = 8_000_000  # per notebook: what the grader keeps of all steps' output together
-MAX_PAYLOAD_CHARS = 16 * 2**20  # per step, what scenarios send back
+MAX_PAYLOAD_CHARS = 4 * 2**20  # per step, what a scenario sends back (the largest reference: under 1 MiB a notebook)
+MAX_TOTAL_PAYLOAD_CHARS = 16 * 2**20  # per notebook: parsed, a message takes up to about 20 times its JSON
 MAX_MESSAGE_BYTES = 16 * 2**20  # one message larger than this drops the connection (zmq MAXMSGSIZE)
 RECEIVE_QUEUE = 32  # messages zmq holds unread per socket (RCVHWM); a publisher drops the rest
 INTERRUPT_GRACE_S = 10.0
@@ -156,6 +157,7 @@ class StepRun:
     failure: Failure = Failure.NONE
     seconds: float = 0.0
     payloads: list[probe.Message] = field(default_factory=list)  # what a scenario sent (probe.MIME display data)
+    payload_chars: int = 0  # the JSON size of what was sent as payloads, kept or not
     reason: str = ""  # DIED: why, when the sandbox knows (a limit it enforces); see Kernel.exit_reason
 
 
@@ -321,6 +323,7 @@ class Kernel:
                 continue
             if payload:
                 payload_chars += size
+                result.payload_chars = payload_chars
                 if payload_chars <= MAX_PAYLOAD_CHARS:
                     result.payloads.append(data[probe.MIME])  # whatever it is: judge.decode_messages checks it
                 else:  # the rest is dropped: what came is cut short, and the status says why
@@ -421,6 +424,7 @@ def run_steps(steps: list[Step], new_kernel: Callable[[], Kernel], timeout: floa
     replay: list[Step] = []  # never scenarios: the grader's steps, and the student's cells that ran and did not crash
     restarts = 0
     kept = 0  # output characters kept so far: a flood spread over many cells is still bounded
+    sent = 0  # payload characters the scenarios sent so far: bounded for the notebook, as output is
     own_seconds, budget, grace = 0.0, own_cells_budget(timeout), 0.0
     try:
         for step, limit in zip(steps, step_limits(steps, timeout)):
@@ -447,6 +451,12 @@ def run_steps(steps: list[Step], new_kernel: Callable[[], Kernel], timeout: floa
                 replay.append(step)
             if step.added:
                 own_seconds += run.seconds
+            if not step.test:  # only a scenario's payloads are read: any other cell's are dropped at once
+                run.payloads.clear()
+            sent += run.payload_chars if step.test else 0
+            if sent > MAX_TOTAL_PAYLOAD_CHARS and run.payloads:
+                run.payloads.clear()
+                run.failure = run.failure or OUTPUT_LIMIT
             kept += sum(len(json.dumps(out, default=str)) for out in run.outputs)
             if kept > MAX_TOTAL_OUTPUT_CHARS and run.outputs:
                 run.outputs.clear()

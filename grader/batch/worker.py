@@ -174,7 +174,7 @@ def grade(spec: Spec) -> Result:
     # process imports the judge, torch too, below: on two cores the two imports take the time of one.
     if spec.sandbox:
         _sandboxed_kernels().ahead = not spec.last
-    from grader.judge.grading import coarse, grade_notebook, received, run_notes
+    from grader.judge.grading import coarse, grade_notebook, run_notes
     from grader.report.feedback import write_feedback
 
     assignment = assignment_named(spec.assignment)
@@ -215,9 +215,7 @@ def grade(spec: Spec) -> Result:
     result.messages = {test: v.message for test, v in graded.verdicts.items() if v.message}
     result.mistakes = {test: name for test, name in graded.mistakes.items() if name}
     result.status += run_notes(graded)
-    result.unanswered = [step.test for step, run in zip(graded.steps, graded.runs)
-                         if step.test and not graded.verdicts[step.test].passed
-                         and getattr(received(step.test, run, spec.timeout)[0], "error", None) == "NotImplementedError"]
+    result.unanswered = graded.unanswered
     whys = {m.name: m.why for m in load_mutants(assignment)}
     settle(result, spec.lateness, spec.overrides)
     write_feedback(Path(spec.feedback), student=spec.student, assignment=spec.assignment, notebook=rebuilt,

@@ -11,10 +11,12 @@ is broken, and grading stops instead of writing zeros.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -55,6 +57,7 @@ class Graded:
     clock: dict[str, float] = field(default_factory=dict)  # seconds spent starting and stopping kernels
     unreadable: dict[str, Unreadable] = field(default_factory=dict)  # test -> why what its scenario sent could not be read
     notes: list[Note] = field(default_factory=list)  # tests that could not be judged
+    unanswered: list[str] = field(default_factory=list)  # failed tests whose scenario stopped at the stub's NotImplementedError
 
     def seconds(self) -> dict[str, float]:
         """Where the time went: kernels, set-up cells, the student's cells, hidden-test scenarios."""
@@ -185,6 +188,8 @@ def grade_notebook(nb: nbformat.NotebookNode, assignment: Assignment, new_kernel
                 graded.unreadable[step.test] = why
             graded.verdicts[step.test] = judge(step.test, points[step.test], reference, student, failure,
                                                vocabulary(reference, mistakes.values()))
+            if student is not None and student.error == "NotImplementedError" and not graded.verdicts[step.test].passed:
+                graded.unanswered.append(step.test)
             if student is not None and student.error == "NameError" and skipped:
                 graded.verdicts[step.test] = replace(graded.verdicts[step.test], message=(
                     f"{graded.verdicts[step.test].message} Your own cells had used their time budget of "
@@ -194,10 +199,12 @@ def grade_notebook(nb: nbformat.NotebookNode, assignment: Assignment, new_kernel
                 graded.mistakes[step.test] = next(
                     (name for name, mistake in mistakes.items() if behaves_like(student, mistake, reference)), "")
         except Exception as exc:  # a value the judge cannot take costs this test, never the notebook
+            # The exception's type may depend on what the student's code sent: it goes to the grader's log only.
+            print(f"not judged: {step.test}: {type(exc).__name__}", file=sys.stderr)
             graded.verdicts[step.test] = Verdict(step.test, 0.0, points[step.test],
-                                                 f"{step.test}: the grader could not judge this test "
-                                                 f"({type(exc).__name__}); your instructor will look at it.")
-            graded.notes.append(Note(NoteKind.NOT_JUDGED, f"not judged: test {step.test} ({type(exc).__name__})"))
+                                                 f"{step.test}: the grader could not judge this test; your "
+                                                 "instructor will look at it.")
+            graded.notes.append(Note(NoteKind.NOT_JUDGED, f"not judged: test {step.test}"))
     return graded
 
 
@@ -266,14 +273,15 @@ def reference_records(assignment: Assignment, new_kernel: Callable[[], Kernel], 
     `released`: the release grading rebuilds hand-ins against (default: notebooks/'s); the cache knows which."""
     released = released if released is not None else released_notebook(assignment)
     path = records_path(assignment, released)
-    if path.exists():
-        sent = json.loads(path.read_text())
-    else:
-        try:
-            sent = _run_reference(assignment, new_kernel, timeout, released)
-        except RanOutOfTime:  # once more: a busy machine, not the reference, is the likely cause
-            sent = _run_reference(assignment, new_kernel, timeout, released)
-        _write_atomically(path, sent)
+    with _one_recorder(path):
+        if path.exists():
+            sent = json.loads(path.read_text())
+        else:
+            try:
+                sent = _run_reference(assignment, new_kernel, timeout, released)
+            except RanOutOfTime:  # once more: a busy machine, not the reference, is the likely cause
+                sent = _run_reference(assignment, new_kernel, timeout, released)
+            _write_atomically(path, sent)
     return {test: decode_messages(messages, test) for test, messages in sent.items()}
 
 
@@ -335,44 +343,60 @@ def known_mistakes(assignment: Assignment, new_kernel: Callable[[], Kernel], tim
     """
     released = released if released is not None else released_notebook(assignment)
     path = records_path(assignment, released, "mutants")
-    if path.exists():
-        sent = json.loads(path.read_text())
-    else:
-        def record(group: list[Mutant]) -> tuple[dict[str, Recorded], bool]:
-            """Each mutant of `group`'s recording, and whether every step got a kernel to run in."""
-            steps = plan(mutant_submission(assignment, group, released), assignment)
-            runs = harness.run_steps(steps, new_kernel, timeout)
-            ran = {step.test: run for step, run in zip(steps, runs) if step.test}
-            return ({m.name: Recorded(m.exercise, None if ran[m.exercise].failure else ran[m.exercise].payloads,
-                                      _ran_out_of_time(ran[m.exercise])) for m in group},
-                    all(run.failure != NOT_RUN for run in runs))
+    with _one_recorder(path):
+        if path.exists():
+            sent = json.loads(path.read_text())
+        else:
+            def record(group: list[Mutant]) -> tuple[dict[str, Recorded], bool]:
+                """Each mutant of `group`'s recording, and whether every step got a kernel to run in."""
+                steps = plan(mutant_submission(assignment, group, released), assignment)
+                runs = harness.run_steps(steps, new_kernel, timeout)
+                ran = {step.test: run for step, run in zip(steps, runs) if step.test}
+                return ({m.name: Recorded(m.exercise, None if ran[m.exercise].failure else ran[m.exercise].payloads,
+                                          _ran_out_of_time(ran[m.exercise])) for m in group},
+                        all(run.failure != NOT_RUN for run in runs))
 
-        groups = pack_mutants(load_mutants(assignment))
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            outcomes = list(pool.map(record, groups))
-        complete = all(ran_all for _, ran_all in outcomes)
-        recordings = {name: recorded for by_name, _ in outcomes for name, recorded in by_name.items()}
-        # A time limit can cut a test short on a busy machine, for correct code too: such a group is recorded once
-        # more, alone, without its peers loading the machine, and each of its mutants keeps a recording that ran in
-        # time. One still cut short serves this run but is not kept for the version.
-        for group, (by_name, _) in zip(groups, outcomes):
-            if any(recorded.late for recorded in by_name.values()):
-                again, ran_all = record(group)
-                complete &= ran_all
-                recordings |= {name: recorded for name, recorded in again.items() if recordings[name].late}
-        complete &= not any(recorded.late for recorded in recordings.values())
-        sent = {}
-        for name, recorded in recordings.items():
-            if recorded.messages is not None:
-                sent.setdefault(recorded.exercise, {})[name] = recorded.messages
-        if complete:  # cut short (no kernel: the batch stopping, a server gone; a time limit) is not kept
-            _write_atomically(path, sent)
+            groups = pack_mutants(load_mutants(assignment))
+            with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+                outcomes = list(pool.map(record, groups))
+            complete = all(ran_all for _, ran_all in outcomes)
+            recordings = {name: recorded for by_name, _ in outcomes for name, recorded in by_name.items()}
+            # A time limit can cut a test short on a busy machine, for correct code too: such a group is recorded once
+            # more, alone, without its peers loading the machine, and each of its mutants keeps a recording that ran in
+            # time. One still cut short serves this run but is not kept for the version.
+            for group, (by_name, _) in zip(groups, outcomes):
+                if any(recorded.late for recorded in by_name.values()):
+                    again, ran_all = record(group)
+                    complete &= ran_all
+                    recordings |= {name: recorded for name, recorded in again.items() if recordings[name].late}
+            complete &= not any(recorded.late for recorded in recordings.values())
+            sent = {}
+            for name, recorded in recordings.items():
+                if recorded.messages is not None:
+                    sent.setdefault(recorded.exercise, {})[name] = recorded.messages
+            if complete:  # cut short (no kernel: the batch stopping, a server gone; a time limit) is not kept
+                _write_atomically(path, sent)
     decoded: dict[str, dict[str, ScenarioRecord]] = {}
     for test, by_name in sent.items():
         for name, messages in by_name.items():
             with contextlib.suppress(BadPayload):  # a mistake whose run could not be read names nothing
                 decoded.setdefault(test, {})[name] = decode_messages(messages, test)
     return decoded
+
+
+@contextlib.contextmanager
+def _one_recorder(path: Path) -> Iterator[None]:
+    """Hold `path`'s lock while a version's records are looked up and, when missing, recorded: graders started
+    side by side (shards, test workers) record each once, and the others wait and read it."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path.with_name(path.name + ".lock"), "a")  # held for the block below
+    except OSError:  # a folder this grader cannot write: it records for itself, as before
+        yield
+        return
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _write_atomically(path: Path, data: object) -> None:

@@ -195,7 +195,16 @@ def decode_messages(messages: object, test: str) -> ScenarioRecord:
     """A scenario's messages (grader/kernel/probe.py `Message`, JSON already parsed by the kernel client), in the
     order they came, as a ScenarioRecord; BadPayload unless they are exactly one run of `test`'s scenario:
     observations and oracle values numbered 0, 1, 2, … and then one end message (anything forged beside them
-    repeats or skips a number)."""
+    repeats or skips a number). Whatever else decoding raises is BadPayload too: its type never leaves the grader."""
+    try:
+        return _decode_messages(messages, test)
+    except BadPayload:
+        raise
+    except Exception:
+        raise BadPayload("malformed message") from None
+
+
+def _decode_messages(messages: object, test: str) -> ScenarioRecord:
     _expect(isinstance(messages, list) and bool(messages), "no result", Unreadable.NO_RESULT)
     assert isinstance(messages, list)
     items: list[Observation] = []

@@ -120,6 +120,23 @@ def test_a_verbatim_copy_of_a_test_cell_is_left_out_without_a_note_an_edited_one
     assert [n.text for n in rebuild(submitted, released())[1]] == ["tampered: duplicated cell f ignored"]
 
 
+def test_unknown_grade_ids_make_one_bounded_note_and_one_that_is_not_a_string_no_crash():
+    """Review round 3: 3,000 cells with 2,000-character unknown grade ids made a 6 MB status; a list as grade id
+    crashed grading (TypeError)."""
+    submitted = released()
+    for i in range(3000):
+        cell = copy.deepcopy(submitted.cells[3])
+        cell.metadata["nbgrader"]["grade_id"] = f"{i}" + "x" * 2000
+        submitted.cells.append(cell)
+    (note,) = rebuild(submitted, released())[1]
+    assert note.text.startswith("tampered: unknown cells '0xxx") and note.text.endswith(" and 2997 more removed")
+    assert len(note.text) < 200
+    odd = released()
+    odd.cells[3].metadata["nbgrader"]["grade_id"] = ["f"]
+    assert [n.text for n in rebuild(odd, released())[1]] == [
+        "tampered: unknown cell '(not a name)' removed", "tampered: deleted cell f restored"]
+
+
 def test_cells_whose_metadata_a_tool_dropped_are_matched_by_id_and_locked_ones_still_restored():
     submitted = released()
     submitted.cells[2].source = "def f(x):\n    return 2 * x"

@@ -18,6 +18,7 @@ ADDED = "tml_added_by_student"
 EARLIER_ANSWER_COPY = "tml_earlier_answer_copy"
 # Cells a student may add; beyond this the rest are left out (and the status says so).
 MAX_ADDED_CELLS = 500
+MAX_SHOWN_IDS, MAX_SHOWN_ID_CHARS = 3, 40  # unknown grade ids named in the status: a bounded note whatever the notebook holds
 
 
 def normalised(source: object) -> str:
@@ -97,6 +98,10 @@ def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -
     added = 0
     answer_ids = {cells.grade_id(c) for c in released.cells if cells.kind(c) == cells.ANSWER}
     infos, restored = _metadata(submitted, released)
+    # A grade id that is not a string (a list, a number) names no cell of the release: unknown, never a crash.
+    infos = [{**info, "grade_id": "(not a name)"} if info and not isinstance(info.get("grade_id"), str) else info
+             for info in infos]
+    unknown: list[str] = []
     copies: dict[str, list[int]] = {}
     for index, info in enumerate(infos):
         if info.get("grade_id") in answer_ids:
@@ -118,7 +123,7 @@ def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -
             continue
         grade_id = info.get("grade_id")
         if grade_id not in release_cells:
-            notes.append(f"unknown cell {grade_id!r} removed")
+            unknown.append(str(grade_id))
         elif grade_id in answers:
             if not _same_as_released(cell, info, release_cells[grade_id]):
                 notes.append(f"duplicated cell {grade_id} ignored")
@@ -145,6 +150,10 @@ def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -
                 notes.append(f"changed metadata of {grade_id} restored")
         kept.extend(extras.get(grade_id, []))
     rebuilt.cells = kept
+    if unknown:  # one note, bounded: the ids are the student's text, and there may be thousands
+        shown = ", ".join(repr(gid[:MAX_SHOWN_ID_CHARS]) for gid in unknown[:MAX_SHOWN_IDS])
+        more = f" and {len(unknown) - MAX_SHOWN_IDS} more" if len(unknown) > MAX_SHOWN_IDS else ""
+        notes.insert(0, f"unknown cell{'s' if len(unknown) > 1 else ''} {shown}{more} removed")
     status = [Note(NoteKind.TAMPERED, f"tampered: {n}") for n in notes]
     status += [note for gid, indices in copies.items() if (note := _copied_note(gid, indices, submitted))]
     if restored:

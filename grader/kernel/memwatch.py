@@ -164,6 +164,47 @@ class MemoryWatch:
         return used if used > self.limit else None
 
 
+OPEN_FILES_TOTAL = 16384  # descriptors a namespace's processes hold together (RLIMIT_NOFILE is per process)
+
+
+def _open_files(pids: list[int]) -> int:
+    """Descriptors `pids` hold open, each table once per process (threads share their process's)."""
+    total = 0
+    for pid in pids:
+        try:
+            total += len(os.listdir(f"/proc/{pid}/fd"))
+        except OSError:
+            continue
+    return total
+
+
+class HostWatch:
+    """What the host shares among all its users however the sandbox is confined, checked every half second: its
+    file table (`fs.file-max`: 256 processes of 4096 descriptors each held a third of it in review), and, where a
+    cgroup holds the memory but does not charge sockets (cgroup v1 charges TCP buffers only with a kmem.tcp limit),
+    TCP and UDP buffers (`net.ipv4.tcp_mem` is the host's: in review 240 loopback connections held 917 MiB while
+    the cgroup showed 39 MB). `socket_limit` None: the memory watchdog already counts the sockets."""
+
+    SCAN_S = 0.5
+
+    def __init__(self, socket_limit: int | None) -> None:
+        self.socket_limit, self.scanned = socket_limit, 0.0
+
+    def over(self) -> str:
+        """'' or, when the submission holds more than it may, the status saying which limit (fixed words only)."""
+        if time.monotonic() - self.scanned < self.SCAN_S:
+            return ""
+        self.scanned = time.monotonic()
+        files = _open_files(_tasks())
+        if files > OPEN_FILES_TOTAL:
+            print(f"grader: open files limit: the submission held {files} descriptors", file=sys.stderr)
+            return f"open files limit: the submission held more than {OPEN_FILES_TOTAL} descriptors (watchdog)"
+        if self.socket_limit is not None and (held := socket_bytes()) > self.socket_limit:
+            print(f"grader: memory limit: the submission's sockets held {size_text(held)}", file=sys.stderr)
+            return f"memory limit: the submission used more than the {size_text(self.socket_limit)} limit (watchdog)"
+        return ""
+
+
 # --- socket buffers, through sock_diag (netlink) ------------------------------------------------------------
 
 NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY = 4, 20

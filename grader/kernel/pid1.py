@@ -16,7 +16,7 @@ import socket
 import struct
 
 from grader.kernel import confine
-from grader.kernel.memwatch import MemoryWatch
+from grader.kernel.memwatch import HostWatch, MemoryWatch
 from grader.kernel.protocol import Handshake, Request, SandboxLimits
 from grader.kernel.syscalls import (
     MNT_DETACH,
@@ -144,8 +144,9 @@ class _Kernel:
         os.close(self.ack)
 
 
-def _watch(kernel: _Kernel, request: Request, watch: MemoryWatch | None) -> str:
-    """Until the kernel exits ('') or its processes hold more memory than the limit (the reason)."""
+def _watch(kernel: _Kernel, request: Request, watch: MemoryWatch | None, host: HostWatch) -> str:
+    """Until the kernel exits ('') or its processes hold more memory, descriptors or socket buffers than they may
+    (the reason)."""
     waiting = [kernel.pidfd, kernel.ready, kernel.output.fd]
     while True:
         readable, _, _ = select.select(waiting, [], [], 0.05 if watch else 0.2)
@@ -159,6 +160,8 @@ def _watch(kernel: _Kernel, request: Request, watch: MemoryWatch | None) -> str:
         _reap_orphans(kernel.pid)
         if watch and (used := watch.over()):
             return watch.reason(used)
+        if reason := host.over():
+            return reason
 
 
 def _cpu_reason(code: int, usage: object, limits: SandboxLimits) -> str:
@@ -181,7 +184,8 @@ def run_b(request: Request, root: str, report_w: int, alive_r: int) -> int:
     _loopback_up()
     watch = MemoryWatch(request["limits"]["memory_bytes"]) if request["watchdog"] else None
     kernel = _Kernel(request, closed_in_child=(report_w, alive_r))
-    reason = _watch(kernel, request, watch)
+    host = HostWatch(None if watch else request["limits"]["memory_bytes"])
+    reason = _watch(kernel, request, watch, host)
     _kill_all()
     _, status, usage = os.wait4(kernel.pid, 0)
     kernel.output.drain()

@@ -465,11 +465,23 @@ def test_each_root_graded_sandbox_is_a_host_uid_of_its_own():
 # --- 4. what the host shares: its file table, and TCP memory a cgroup v1 does not charge ------------------------
 
 HOLD_FILES = """
-import os, time
+import ctypes, mmap, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+with open("/tmp/page", "wb") as f:
+    f.write(b"x" * 4096)
+def descriptors():
+    return [os.eventfd(0) for _ in range(3000)]
+def mapped():  # each file mapped, then its descriptor closed: the file stays open, behind no descriptor
+    for _ in range(30000):
+        fd = os.open("/tmp/page", os.O_RDONLY)
+        libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_PRIVATE, fd, 0)
+        os.close(fd)
 r, w = os.pipe()
 for _ in range(CHILDREN):
     if os.fork() == 0:
-        held = [os.eventfd(0) for _ in range(3000)]
+        held = HOW()
         os.write(w, b"x")
         time.sleep(60)
         os._exit(0)
@@ -483,9 +495,9 @@ HOLD_TCP = """
 import socket, time
 server = socket.socket()
 server.bind(("127.0.0.1", 0))
-server.listen(400)
+server.listen(1200)
 pairs = []
-for _ in range(300):
+for _ in range(1000):
     sender = socket.create_connection(server.getsockname())
     pairs.append((sender, server.accept()[0]))
     sender.setblocking(False)
@@ -499,23 +511,24 @@ print("RESULT all held")
 """
 
 
+@pytest.mark.parametrize("how, children", [("descriptors", memwatch.OPEN_FILES_TOTAL // 3000 + 2), ("mapped", 3)])
 @pytest.mark.parametrize("cgroups", [False, True], ids=["watchdog", "cgroup"])
-def test_descriptors_held_together_are_bounded_however_memory_is_held(cgroups):
+def test_files_held_together_are_bounded_however_memory_is_held(cgroups, how, children):
     """Review round 3: 200 processes of about 4090 eventfds each held 809,100 of the host's 2,466,320 files
-    (fs.file-max; when it is full every unprivileged process on the host gets ENFILE) with status ok. Now the
-    sandbox's PID 1 stops a submission whose processes hold more than memwatch.OPEN_FILES_TOTAL descriptors;
-    one process may still hold its RLIMIT_NOFILE."""
+    (fs.file-max; when it is full every unprivileged process on the host gets ENFILE) with status ok; then, with
+    descriptors counted, files mapped and closed held 100,000 more, none of them a descriptor. Now the sandbox's
+    PID 1 stops a submission whose processes hold more than memwatch.OPEN_FILES_TOTAL files, descriptors and
+    mappings together; one process may still hold its RLIMIT_NOFILE."""
     srv = _server(cgroups=cgroups)
     if cgroups and srv.cgroups is None:
         srv.close()
         pytest.skip("no memory cgroup for this grader here (an unprivileged one): the watchdog case holds for it")
     kernel = kernelspec.kernel_factory(srv)()
     try:
-        children = memwatch.OPEN_FILES_TOTAL // 3000 + 2
-        step = kernel.run(HOLD_FILES.replace("CHILDREN", str(children)), 90)
+        step = kernel.run(HOLD_FILES.replace("CHILDREN", str(children)).replace("HOW", how), 90)
         assert step.failure == DIED, (step.failure, _text(step))
         assert step.reason == (f"open files limit: the submission held more than {memwatch.OPEN_FILES_TOTAL} "
-                               "descriptors (watchdog)"), step.reason
+                               "open files (watchdog)"), step.reason
         ok = kernelspec.kernel_factory(srv)()
         try:
             step = ok.run("import os\nheld = [os.eventfd(0) for _ in range(3000)]\nprint('RESULT', len(held))", 60)
@@ -527,18 +540,25 @@ def test_descriptors_held_together_are_bounded_however_memory_is_held(cgroups):
         srv.close()
 
 
-def test_loopback_tcp_buffers_count_against_the_memory_limit_under_a_cgroup():
+@pytest.mark.parametrize("cgroups", [False, True], ids=["watchdog", "cgroup"])
+def test_loopback_tcp_buffers_are_bounded_below_the_hosts_tcp_memory(cgroups):
     """Review round 3: under a cgroup v1 memory limit (no kmem.tcp limit is set) 240 loopback connections held
     917 MiB of the host's TCP memory (net.ipv4.tcp_mem, shared by every socket of the host) while the cgroup
-    showed 39 MB; status ok. Now the sandbox's PID 1 counts socket buffers under a cgroup too."""
-    srv = _server(cgroups=True)
-    if srv.cgroups is None:
+    showed 39 MB; status ok; then, counted against the memory limit on their own, 1.2 GiB beside 3 GiB of
+    process memory. Now the sandbox's PID 1 stops TCP and UDP buffers at memwatch.SOCKET_BYTES_TOTAL however the
+    memory is held."""
+    srv = _server(cgroups=cgroups)
+    if cgroups and srv.cgroups is None:
         srv.close()
         pytest.skip("no memory cgroup for this grader here (an unprivileged one): the watchdog case holds for it")
     kernel = kernelspec.kernel_factory(srv)()
     try:
+        caps = kernel.run("print(open('/proc/sys/net/ipv4/tcp_rmem').read(), open('/proc/sys/net/ipv4/tcp_wmem').read())", 30)
+        assert _text(caps).split() == [*confine.TCP_BUFFERS["tcp_rmem"].split(), *confine.TCP_BUFFERS["tcp_wmem"].split()]
         step = kernel.run(HOLD_TCP, 90)
-        assert step.failure == DIED and step.reason.startswith("memory limit"), (step.failure, step.reason, _text(step))
+        assert step.failure == DIED and step.reason == (
+            f"socket buffer limit: the submission's TCP and UDP buffers held more than "
+            f"{memwatch.size_text(memwatch.SOCKET_BYTES_TOTAL)} (watchdog)"), (step.failure, step.reason, _text(step))
     finally:
         kernel.stop()
         srv.close()

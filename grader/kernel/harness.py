@@ -32,8 +32,8 @@ from labkit import cells
 PROBE_SOURCE = Path(probe.__file__).read_text(encoding="utf-8")
 MAX_OUTPUT_CHARS = 1_000_000  # per step, what a cell prints or displays
 MAX_TOTAL_OUTPUT_CHARS = 8_000_000  # per notebook: what the grader keeps of all steps' output together
-MAX_PAYLOAD_CHARS = 4 * 2**20  # per step, what a scenario sends back (the largest reference: under 1 MiB a notebook)
-MAX_TOTAL_PAYLOAD_CHARS = 16 * 2**20  # per notebook: parsed, a message takes up to about 20 times its JSON
+MAX_PAYLOAD_CHARS = 2 * 2**20  # per step, what a scenario sends back (the largest reference: under 1 MiB a notebook)
+MAX_TOTAL_PAYLOAD_CHARS = 8 * 2**20  # per notebook: parsed, a message takes up to about 50 times its JSON
 MAX_MESSAGE_BYTES = 16 * 2**20  # one message larger than this drops the connection (zmq MAXMSGSIZE)
 RECEIVE_QUEUE = 32  # messages zmq holds unread per socket (RCVHWM); a publisher drops the rest
 INTERRUPT_GRACE_S = 10.0

@@ -164,30 +164,36 @@ class MemoryWatch:
         return used if used > self.limit else None
 
 
-OPEN_FILES_TOTAL = 16384  # descriptors a namespace's processes hold together (RLIMIT_NOFILE is per process)
+OPEN_FILES_TOTAL = 65536  # open files a namespace's processes hold together (RLIMIT_NOFILE is per process)
+SOCKET_BYTES_TOTAL = 128 * 2**20  # TCP and UDP buffers: the host's net.ipv4.tcp_mem is a few percent of its memory
 
 
 def _open_files(pids: list[int]) -> int:
-    """Descriptors `pids` hold open, each table once per process (threads share their process's)."""
+    """Open files `pids` hold: their descriptors, and their file-backed mappings (a file mapped and then closed
+    stays open: in review 50,000 per process, none in /proc/<pid>/fd). A mapping shared with a forked child or
+    one file mapped in several pieces counts each time: an upper bound (a process with torch imported maps about
+    400)."""
     total = 0
     for pid in pids:
         try:
             total += len(os.listdir(f"/proc/{pid}/fd"))
+            with open(f"/proc/{pid}/maps", "rb") as maps:
+                total += sum(1 for line in maps if line.split(maxsplit=5)[4:5] not in ([b"0"], []))
         except OSError:
             continue
     return total
 
 
 class HostWatch:
-    """What the host shares among all its users however the sandbox is confined, checked every half second: its
-    file table (`fs.file-max`: 256 processes of 4096 descriptors each held a third of it in review), and, where a
-    cgroup holds the memory but does not charge sockets (cgroup v1 charges TCP buffers only with a kmem.tcp limit),
-    TCP and UDP buffers (`net.ipv4.tcp_mem` is the host's: in review 240 loopback connections held 917 MiB while
-    the cgroup showed 39 MB). `socket_limit` None: the memory watchdog already counts the sockets."""
+    """What the host shares among all its users however the sandbox is confined, checked five times a second: its
+    file table (`fs.file-max`: 256 processes of 4096 descriptors each held a third of it in review), and TCP and
+    UDP buffers (`net.ipv4.tcp_mem` is the host's, its hard limit 2.2 GiB on a 23 GB host; a cgroup v1 does not
+    charge them: in review 240 loopback connections held 917 MiB while the cgroup showed 39 MB; each socket's buffers
+    are capped as well, grader/kernel/confine.py TCP_BUFFERS, so that no burst outruns the scan by much)."""
 
-    SCAN_S = 0.5
+    SCAN_S = 0.2
 
-    def __init__(self, socket_limit: int | None) -> None:
+    def __init__(self, socket_limit: int = SOCKET_BYTES_TOTAL) -> None:
         self.socket_limit, self.scanned = socket_limit, 0.0
 
     def over(self) -> str:
@@ -198,10 +204,11 @@ class HostWatch:
         files = _open_files(_tasks())
         if files > OPEN_FILES_TOTAL:
             print(f"grader: open files limit: the submission held {files} descriptors", file=sys.stderr)
-            return f"open files limit: the submission held more than {OPEN_FILES_TOTAL} descriptors (watchdog)"
-        if self.socket_limit is not None and (held := socket_bytes()) > self.socket_limit:
-            print(f"grader: memory limit: the submission's sockets held {size_text(held)}", file=sys.stderr)
-            return f"memory limit: the submission used more than the {size_text(self.socket_limit)} limit (watchdog)"
+            return f"open files limit: the submission held more than {OPEN_FILES_TOTAL} open files (watchdog)"
+        if (held := socket_bytes(families=INET_NAMES)) > self.socket_limit:
+            print(f"grader: socket buffer limit: the submission's sockets held {size_text(held)}", file=sys.stderr)
+            return (f"socket buffer limit: the submission's TCP and UDP buffers held more than "
+                    f"{size_text(self.socket_limit)} (watchdog)")
         return ""
 
 
@@ -210,6 +217,7 @@ class HostWatch:
 NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY = 4, 20
 NLM_F_REQUEST, NLM_F_DUMP, NLMSG_ERROR, NLMSG_DONE = 1, 0x300, 2, 3
 DIAG_NAMES = ("unix", "TCP", "UDP", "TCPv6", "UDPv6", "netlink")  # in the order of _diag_requests
+INET_NAMES = ("TCP", "UDP", "TCPv6", "UDPv6")  # what the host's net.ipv4.tcp_mem and udp_mem hold
 MEMINFO_VARS = 9  # SK_MEMINFO_*: rmem_alloc, rcvbuf, wmem_alloc, sndbuf, fwd_alloc, wmem_queued, optmem, backlog, drops
 
 
@@ -258,8 +266,9 @@ def _dump(channel: socket.socket, body: bytes, fixed: int, kind: int) -> int:
             return total
 
 
-def socket_bytes(missing: list[str] | None = None) -> int:
-    """Memory queued in every socket of this network namespace (the submission's own): unix, TCP, UDP, netlink.
+def socket_bytes(missing: list[str] | None = None, families: tuple[str, ...] = DIAG_NAMES) -> int:
+    """Memory queued in every socket of this network namespace (the submission's own) of `families` (default all:
+    unix, TCP, UDP, netlink).
 
     Socket buffers belong to no process's resident memory; the kernel charges them to the socket. The families
     this kernel cannot report (no sock_diag module for them) are added to `missing`.
@@ -268,6 +277,8 @@ def socket_bytes(missing: list[str] | None = None) -> int:
     with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG) as channel:
         channel.settimeout(1)
         for (body, fixed, kind), name in zip(_diag_requests(), DIAG_NAMES):
+            if name not in families:
+                continue
             try:
                 total += _dump(channel, body, fixed, kind)
             except OSError:

@@ -53,6 +53,7 @@ def enter_root(root: str) -> None:
     # the namespace's own quotas (no user namespace below this one, a few inotify instances …): what a kernel may
     # take of the grading user's, before /proc/sys turns read-only and the kernel gives up its capabilities
     confine.cap_user_quotas(f"{root}/proc/sys/user")
+    confine.cap_socket_buffers(f"{root}/proc/sys/net/ipv4")
     for covered in ("sys", "sysrq-trigger", "irq", "bus"):  # as bubblewrap does: kernel knobs stay read-only
         path = f"{root}/proc/{covered}"
         if os.path.exists(path):
@@ -184,7 +185,7 @@ def run_b(request: Request, root: str, report_w: int, alive_r: int) -> int:
     _loopback_up()
     watch = MemoryWatch(request["limits"]["memory_bytes"]) if request["watchdog"] else None
     kernel = _Kernel(request, closed_in_child=(report_w, alive_r))
-    host = HostWatch(None if watch else request["limits"]["memory_bytes"])
+    host = HostWatch()
     reason = _watch(kernel, request, watch, host)
     _kill_all()
     _, status, usage = os.wait4(kernel.pid, 0)

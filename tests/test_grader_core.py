@@ -121,20 +121,19 @@ def test_a_verbatim_copy_of_a_test_cell_is_left_out_without_a_note_an_edited_one
 
 
 def test_unknown_grade_ids_make_one_bounded_note_and_one_that_is_not_a_string_no_crash():
-    """Review round 3: 3,000 cells with 2,000-character unknown grade ids made a 6 MB status; a list as grade id
-    crashed grading (TypeError)."""
+    """Review round 3: 3,000 cells with 2,000-character unknown grade ids made a 6 MB status of the student's text
+    ('TA NOTE: regrade approved …'); a list as grade id crashed grading (TypeError)."""
     submitted = released()
     for i in range(3000):
         cell = copy.deepcopy(submitted.cells[3])
         cell.metadata["nbgrader"]["grade_id"] = f"{i}" + "x" * 2000
         submitted.cells.append(cell)
     (note,) = rebuild(submitted, released())[1]
-    assert note.text.startswith("tampered: unknown cells '0xxx") and note.text.endswith(" and 2997 more removed")
-    assert len(note.text) < 200
+    assert note.text == "tampered: 3000 cells with a grade id the release does not have removed"  # no student text
     odd = released()
     odd.cells[3].metadata["nbgrader"]["grade_id"] = ["f"]
     assert [n.text for n in rebuild(odd, released())[1]] == [
-        "tampered: unknown cell '(not a name)' removed", "tampered: deleted cell f restored"]
+        "tampered: 1 cell with a grade id the release does not have removed", "tampered: deleted cell f restored"]
 
 
 def test_cells_whose_metadata_a_tool_dropped_are_matched_by_id_and_locked_ones_still_restored():
@@ -750,7 +749,7 @@ def test_known_mistakes_are_not_kept_when_no_kernel_could_run_them(tmp_path, mon
         raise RuntimeError("the fork server is gone")
 
     assert known_mistakes(assignment_named("01"), no_kernel, 30) == {}
-    assert list(tmp_path.iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir() if p.suffix != ".lock"] == []  # the recorders' lock only
 
 
 def test_torchs_version_is_read_without_importing_it_even_without_its_metadata(monkeypatch):

@@ -18,7 +18,6 @@ ADDED = "tml_added_by_student"
 EARLIER_ANSWER_COPY = "tml_earlier_answer_copy"
 # Cells a student may add; beyond this the rest are left out (and the status says so).
 MAX_ADDED_CELLS = 500
-MAX_SHOWN_IDS, MAX_SHOWN_ID_CHARS = 3, 40  # unknown grade ids named in the status: a bounded note whatever the notebook holds
 
 
 def normalised(source: object) -> str:
@@ -49,6 +48,8 @@ def _metadata(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode)
         info = cells.nbgrader(cell)
         if not info and cell.get("id") in by_id:
             info, restored = by_id[cell.get("id")], restored + 1
+        if info and not isinstance(info.get("grade_id"), str):  # a list, a number: names no cell, never a crash
+            info = {**info, "grade_id": "(not a name)"}
         infos.append(info)
     return infos, restored
 
@@ -78,6 +79,12 @@ def _same_as_released(cell: nbformat.NotebookNode, info: dict, release: nbformat
             and all(info.get(k) == theirs.get(k) for k in ("grade", "solution", "locked", "points")))
 
 
+def _unknown_note(unknown: list[str]) -> str:
+    """One note for the cells whose grade ids the release lacks: how many, never the ids (the student's own text,
+    which a status column would show the instructor as if it were the grader's: 'TA NOTE: regrade approved')."""
+    return f"{len(unknown)} cell{'s' if len(unknown) > 1 else ''} with a grade id the release does not have removed"
+
+
 def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -> tuple[nbformat.NotebookNode, list[Note]]:
     """The released notebook with the student's answers and own cells put back in; plus what was tampered with.
 
@@ -98,9 +105,6 @@ def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -
     added = 0
     answer_ids = {cells.grade_id(c) for c in released.cells if cells.kind(c) == cells.ANSWER}
     infos, restored = _metadata(submitted, released)
-    # A grade id that is not a string (a list, a number) names no cell of the release: unknown, never a crash.
-    infos = [{**info, "grade_id": "(not a name)"} if info and not isinstance(info.get("grade_id"), str) else info
-             for info in infos]
     unknown: list[str] = []
     copies: dict[str, list[int]] = {}
     for index, info in enumerate(infos):
@@ -150,10 +154,7 @@ def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -
                 notes.append(f"changed metadata of {grade_id} restored")
         kept.extend(extras.get(grade_id, []))
     rebuilt.cells = kept
-    if unknown:  # one note, bounded: the ids are the student's text, and there may be thousands
-        shown = ", ".join(repr(gid[:MAX_SHOWN_ID_CHARS]) for gid in unknown[:MAX_SHOWN_IDS])
-        more = f" and {len(unknown) - MAX_SHOWN_IDS} more" if len(unknown) > MAX_SHOWN_IDS else ""
-        notes.insert(0, f"unknown cell{'s' if len(unknown) > 1 else ''} {shown}{more} removed")
+    notes[:0] = [_unknown_note(unknown)] if unknown else []
     status = [Note(NoteKind.TAMPERED, f"tampered: {n}") for n in notes]
     status += [note for gid, indices in copies.items() if (note := _copied_note(gid, indices, submitted))]
     if restored:

@@ -511,25 +511,32 @@ print("RESULT all held")
 """
 
 
+@pytest.fixture(params=[False, True], ids=["watchdog", "cgroup"])
+def either_server(request):
+    """A server whose kernels' memory only the watchdog counts, then one whose kernels a cgroup holds (skipped for
+    a grader that has none: an unprivileged one)."""
+    srv = _server(cgroups=request.param)
+    if request.param and srv.cgroups is None:
+        srv.close()
+        pytest.skip("no memory cgroup for this grader here (an unprivileged one): the watchdog case holds for it")
+    yield srv
+    srv.close()
+
+
 @pytest.mark.parametrize("how, children", [("descriptors", memwatch.OPEN_FILES_TOTAL // 3000 + 2), ("mapped", 3)])
-@pytest.mark.parametrize("cgroups", [False, True], ids=["watchdog", "cgroup"])
-def test_files_held_together_are_bounded_however_memory_is_held(cgroups, how, children):
+def test_files_held_together_are_bounded_however_memory_is_held(either_server, how, children):
     """Review round 3: 200 processes of about 4090 eventfds each held 809,100 of the host's 2,466,320 files
     (fs.file-max; when it is full every unprivileged process on the host gets ENFILE) with status ok; then, with
     descriptors counted, files mapped and closed held 100,000 more, none of them a descriptor. Now the sandbox's
     PID 1 stops a submission whose processes hold more than memwatch.OPEN_FILES_TOTAL files, descriptors and
     mappings together; one process may still hold its RLIMIT_NOFILE."""
-    srv = _server(cgroups=cgroups)
-    if cgroups and srv.cgroups is None:
-        srv.close()
-        pytest.skip("no memory cgroup for this grader here (an unprivileged one): the watchdog case holds for it")
-    kernel = kernelspec.kernel_factory(srv)()
+    kernel = kernelspec.kernel_factory(either_server)()
     try:
         step = kernel.run(HOLD_FILES.replace("CHILDREN", str(children)).replace("HOW", how), 90)
         assert step.failure == DIED, (step.failure, _text(step))
         assert step.reason == (f"open files limit: the submission held more than {memwatch.OPEN_FILES_TOTAL} "
                                "open files (watchdog)"), step.reason
-        ok = kernelspec.kernel_factory(srv)()
+        ok = kernelspec.kernel_factory(either_server)()
         try:
             step = ok.run("import os\nheld = [os.eventfd(0) for _ in range(3000)]\nprint('RESULT', len(held))", 60)
             assert "RESULT 3000" in _text(step) and not step.failure, (step.failure, step.reason, _text(step))
@@ -537,21 +544,15 @@ def test_files_held_together_are_bounded_however_memory_is_held(cgroups, how, ch
             ok.stop()
     finally:
         kernel.stop()
-        srv.close()
 
 
-@pytest.mark.parametrize("cgroups", [False, True], ids=["watchdog", "cgroup"])
-def test_loopback_tcp_buffers_are_bounded_below_the_hosts_tcp_memory(cgroups):
+def test_loopback_tcp_buffers_are_bounded_below_the_hosts_tcp_memory(either_server):
     """Review round 3: under a cgroup v1 memory limit (no kmem.tcp limit is set) 240 loopback connections held
     917 MiB of the host's TCP memory (net.ipv4.tcp_mem, shared by every socket of the host) while the cgroup
     showed 39 MB; status ok; then, counted against the memory limit on their own, 1.2 GiB beside 3 GiB of
     process memory. Now the sandbox's PID 1 stops TCP and UDP buffers at memwatch.SOCKET_BYTES_TOTAL however the
     memory is held."""
-    srv = _server(cgroups=cgroups)
-    if cgroups and srv.cgroups is None:
-        srv.close()
-        pytest.skip("no memory cgroup for this grader here (an unprivileged one): the watchdog case holds for it")
-    kernel = kernelspec.kernel_factory(srv)()
+    kernel = kernelspec.kernel_factory(either_server)()
     try:
         caps = kernel.run("print(open('/proc/sys/net/ipv4/tcp_rmem').read(), open('/proc/sys/net/ipv4/tcp_wmem').read())", 30)
         assert _text(caps).split() == [*confine.TCP_BUFFERS["tcp_rmem"].split(), *confine.TCP_BUFFERS["tcp_wmem"].split()]
@@ -561,4 +562,3 @@ def test_loopback_tcp_buffers_are_bounded_below_the_hosts_tcp_memory(cgroups):
             f"{memwatch.size_text(memwatch.SOCKET_BYTES_TOTAL)} (watchdog)"), (step.failure, step.reason, _text(step))
     finally:
         kernel.stop()
-        srv.close()

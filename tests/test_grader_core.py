@@ -738,6 +738,14 @@ def test_the_first_half_of_a_split_answer_runs_whatever_the_own_cells_budget():
     rebuilt, _ = rebuild(submitted, nbformat.read(one.release, as_version=4))
     steps = {step.code: step for step in plan(rebuilt, one)}
     assert steps["scratch = 1"].added and not steps[first_half.source].added  # only the scratch cell is budgeted
+    # Review round 3: eight earlier copies all ran outside the budget (each up to --timeout); only the last two do.
+    for i in range(8):
+        older = copy.deepcopy(submitted.cells[at + 1])
+        older.source = f"def _older_{i}():\n    return {i}"
+        submitted.cells.insert(at, older)
+    rebuilt, _ = rebuild(submitted, nbformat.read(one.release, as_version=4))
+    budgeted = [step.added for step in plan(rebuilt, one) if step.code.startswith(("def _older_", "def _residual"))]
+    assert budgeted == [True] * 7 + [False, False]
 
 
 def test_known_mistakes_are_not_kept_when_no_kernel_could_run_them(tmp_path, monkeypatch):

@@ -18,6 +18,7 @@ ADDED = "tml_added_by_student"
 EARLIER_ANSWER_COPY = "tml_earlier_answer_copy"
 # Cells a student may add; beyond this the rest are left out (and the status says so).
 MAX_ADDED_CELLS = 500
+MAX_EXEMPT_COPIES = 2  # earlier copies of one answer that run outside the own cells' time budget
 
 
 def normalised(source: object) -> str:
@@ -112,6 +113,9 @@ def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -
             copies.setdefault(info["grade_id"], []).append(index)
     for index, (cell, info) in enumerate(zip(submitted.cells, infos)):
         earlier_copy = info.get("grade_id") in answer_ids and copies[info["grade_id"]][-1] != index
+        # the copies just before the graded one run whatever the own cells' budget (the first half of a split
+        # answer); older ones are budgeted like any own cell: a pile of copies cannot run past it (review round 3)
+        exempt = earlier_copy and index in copies[info["grade_id"]][-1 - MAX_EXEMPT_COPIES:-1]
         if earlier_copy:
             info = {}  # an earlier copy of an answer: the student's own code, run where it stands
         if not info:
@@ -121,7 +125,7 @@ def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -
                 if added > MAX_ADDED_CELLS:
                     continue
                 cell = copy.deepcopy(cell)
-                cell["metadata"] = {ADDED: True, **({EARLIER_ANSWER_COPY: True} if earlier_copy else {})}
+                cell["metadata"] = {ADDED: True, **({EARLIER_ANSWER_COPY: True} if exempt else {})}
                 cell.source = _own_source(cell.source)
                 extras.setdefault(anchor, []).append(cell)
             continue

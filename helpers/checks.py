@@ -199,7 +199,7 @@ def describe_mismatch(
 ) -> str:
     """One sentence on how `actual` differs from `expected` (notebook 01)."""
     if not bool(actual.detach().ne(0).any()) and bool(expected.detach().ne(0).any()):
-        return "every value is 0 where nonzero values were expected"
+        return f"every value is 0 where nonzero values were expected{_factor_advice(0.0, factor_hints)}"
     k = constant_factor(actual, expected)
     if k is not None:
         return f"off by a factor of {k:.4g}{_factor_advice(k, factor_hints)}"
@@ -261,7 +261,9 @@ def check_scalar(
     if math.isclose(value, expected, rel_tol=rtol, abs_tol=atol):
         return
     advice = ""
-    if expected != 0.0 and value != 0.0 and math.isfinite(value):
+    if expected != 0.0 and value == 0.0 and (zero := _factor_advice(0.0, factor_hints)):
+        advice = f" ({zero.removeprefix(' — ')})"
+    elif expected != 0.0 and value != 0.0 and math.isfinite(value):
         k = value / expected
         advice = f" (off by a factor of {k:.4g}{_factor_advice(k, factor_hints)})"
     fail(f"{name}: expected {expected:.6g}, got {value:.6g}{advice}.{suffix}")

@@ -72,6 +72,10 @@ def test_all_zeros_is_named_not_called_a_factor_of_zero():
     with pytest.raises(CheckFailure) as failure:
         check_scalar(0.0, 6.0, name="d/dw")
     assert "expected 6, got 0" in str(failure.value) and "factor" not in str(failure.value)
+    hints = {0.0: "already rounded to 0"}  # a hint for zero still names the mistake
+    with pytest.raises(CheckFailure, match=r"expected 6, got 0 \(already rounded to 0\)"):
+        check_scalar(0.0, 6.0, name="d/dw", factor_hints=hints)
+    assert describe_mismatch(torch.zeros(2), torch.ones(2), hints).endswith("expected — already rounded to 0")
 
 
 def test_check_scalar_accepts_numbers_and_explains_factors():

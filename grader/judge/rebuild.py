@@ -86,6 +86,15 @@ def _unknown_note(unknown: list[str]) -> str:
     return f"{len(unknown)} cell{'s' if len(unknown) > 1 else ''} with a grade id the release does not have removed"
 
 
+def _answer_copies(infos: list[dict], answer_ids: set[str]) -> dict[str, list[int]]:
+    """Where each answer cell stands in the hand-in, in order: the last is graded, those before it are copies."""
+    copies: dict[str, list[int]] = {}
+    for index, info in enumerate(infos):
+        if info.get("grade_id") in answer_ids:
+            copies.setdefault(info["grade_id"], []).append(index)
+    return copies
+
+
 def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -> tuple[nbformat.NotebookNode, list[Note]]:
     """The released notebook with the student's answers and own cells put back in; plus what was tampered with.
 
@@ -107,14 +116,10 @@ def rebuild(submitted: nbformat.NotebookNode, released: nbformat.NotebookNode) -
     answer_ids = {cells.grade_id(c) for c in released.cells if cells.kind(c) == cells.ANSWER}
     infos, restored = _metadata(submitted, released)
     unknown: list[str] = []
-    copies: dict[str, list[int]] = {}
-    for index, info in enumerate(infos):
-        if info.get("grade_id") in answer_ids:
-            copies.setdefault(info["grade_id"], []).append(index)
+    copies = _answer_copies(infos, answer_ids)
     for index, (cell, info) in enumerate(zip(submitted.cells, infos)):
         earlier_copy = info.get("grade_id") in answer_ids and copies[info["grade_id"]][-1] != index
-        # the copies just before the graded one run whatever the own cells' budget (the first half of a split
-        # answer); older ones are budgeted like any own cell: a pile of copies cannot run past it (review round 3)
+        # the first half of a split answer runs whatever the budget; a pile of older copies cannot (review round 3)
         exempt = earlier_copy and index in copies[info["grade_id"]][-1 - MAX_EXEMPT_COPIES:-1]
         if earlier_copy:
             info = {}  # an earlier copy of an answer: the student's own code, run where it stands

@@ -203,7 +203,7 @@ class HostWatch:
         self.scanned = time.monotonic()
         files = _open_files(_tasks())
         if files > OPEN_FILES_TOTAL:
-            print(f"grader: open files limit: the submission held {files} descriptors", file=sys.stderr)
+            print(f"grader: open files limit: the submission held {files} open files", file=sys.stderr)
             return f"open files limit: the submission held more than {OPEN_FILES_TOTAL} open files (watchdog)"
         if (held := socket_bytes(families=INET_NAMES)) > self.socket_limit:
             print(f"grader: socket buffer limit: the submission's sockets held {size_text(held)}", file=sys.stderr)
